@@ -1,0 +1,173 @@
+"""``sqsworker run MODULE:ATTR`` and ``sqsworker local``.
+
+The CLI owns the signals: the first SIGTERM or SIGINT starts a graceful
+shutdown, a second SIGINT forces exit. Exit codes: 0 done, 1 could not start
+or a handler outlived --shutdown-timeout, 2 bad usage, 130 forced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from . import __version__, config, logs
+from .errors import ConfigError, StartupError
+from .events import Observers, Tally
+from .handler import as_handler
+from .importer import import_from_string
+from .worker import Worker
+
+EXIT_STARTUP = 1
+EXIT_USAGE = 2
+EXIT_FORCED = 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sqsworker", description="Run SQS message handlers with leases kept alive."
+    )
+    parser.add_argument("--version", action="version", version=f"sqsworker {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="run a handler until SIGTERM",
+        description="Run a handler until SIGTERM or SIGINT. Every option can also be set "
+        "with an environment variable SQSWORKER_<OPTION>; the command line wins.",
+    )
+    run.add_argument("target", metavar="MODULE:ATTR", help="the handler, e.g. app:process")
+    for f in config.options():
+        default = f.default if f.default not in ((), None, "") else "none"
+        text = f"{f.metadata['help']} [env {config.env_var(f.name)}; default {default}]"
+        if f.type in ("bool", bool):
+            run.add_argument(config.flag(f.name), dest=f.name, action="store_const",
+                             const="true", default=None, help=text)
+        else:
+            run.add_argument(config.flag(f.name), dest=f.name, default=None,
+                             metavar=f.metadata["metavar"] or f.name.upper(), help=text)
+
+    local = commands.add_parser(
+        "local",
+        help="start an embedded SQS endpoint for development",
+        description="Start an SQS-compatible endpoint on localhost, create the queues (each "
+        "with a dead-letter queue), print the environment to export, and serve until Ctrl-C.",
+    )
+    local.add_argument("--queue", action="append", default=[], help="queue to create (repeat)")
+    local.add_argument("--host", default="127.0.0.1")
+    local.add_argument("--port", type=int, default=4566)
+    local.add_argument("--max-receive-count", type=int, default=3,
+                       help="receives before a message moves to the dead-letter queue")
+    local.add_argument("--visibility-timeout", type=int, default=30)
+    return parser
+
+
+def fail(message: str) -> None:
+    message = message.rstrip()
+    if not message.endswith("."):
+        message += "."
+    print(f"sqsworker: error: {message}", file=sys.stderr)
+
+
+class _Signals:
+    """Signal handlers only set a flag; the main thread acts on it."""
+
+    def __init__(self) -> None:
+        self.received = threading.Event()
+        self.count = 0
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count > 1 and signum == signal.SIGINT:
+            os.write(2, b"sqsworker: second interrupt, exiting now without handing back.\n")
+            os._exit(EXIT_FORCED)
+        self.received.set()
+
+
+def run(target: str, cli_options: dict[str, str | None]) -> int:
+    try:
+        handler = as_handler(import_from_string(target), target)
+        cfg = config.resolve(cli_options, os.environ, handler.options)
+    except ConfigError as exc:
+        fail(str(exc))
+        return EXIT_USAGE
+    logs.configure(cfg.log_level)
+    tally = Tally()
+    worker = Worker(handler, cfg, observer=Observers([logs.LogObserver(handler.name), tally]))
+    signals = _Signals()
+    signals.install()
+    try:
+        worker.start()
+    except StartupError as exc:
+        fail(str(exc))
+        return EXIT_STARTUP
+    while not worker.wait(0.2):  # signal handlers take no locks; act on their flag here
+        if signals.received.is_set():
+            worker.request_stop()
+    code = worker.shutdown()
+    counts = tally.counts
+    logs.structlog.get_logger("sqsworker").info(
+        "summary",
+        received=counts["received"],
+        succeeded=counts["succeeded"],
+        failed=counts["failed"],
+        dead_lettered=counts["dead_lettered"],
+        leases_extended=counts["lease_extensions"],
+        leases_lost=counts["leases_lost"],
+        handed_back=counts["handed_back"],
+    )
+    return code
+
+
+def local(args: argparse.Namespace) -> int:
+    from .local import LocalSQS
+
+    try:
+        server = LocalSQS(args.host, args.port).start()
+    except ConfigError as exc:
+        fail(str(exc))
+        return EXIT_USAGE
+    except OSError as exc:
+        fail(f"could not listen on {args.host}:{args.port} ({exc}); choose another --port")
+        return EXIT_STARTUP
+    try:
+        for name in args.queue:
+            server.create_queue(
+                name,
+                max_receive_count=args.max_receive_count,
+                visibility_timeout=args.visibility_timeout,
+            )
+        print("# SQS is serving at " + server.endpoint_url + "; export these, then run workers:")
+        for key, value in server.env().items():
+            print(f"export {key}={value}")
+        for name in args.queue:
+            dlq = name.removesuffix(".fifo") + "-dlq" + (".fifo" if name.endswith(".fifo") else "")
+            print(f"# queue {name} (dead-letter queue {dlq}, after {args.max_receive_count} "
+                  "receives)")
+        sys.stdout.flush()
+        signals = _Signals()
+        signals.install()
+        signals.received.wait()
+    finally:
+        server.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "local":
+        return local(args)
+    options = {f.name: getattr(args, f.name) for f in config.options()}
+    return run(args.target, options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

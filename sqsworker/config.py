@@ -1,0 +1,236 @@
+"""The single configuration surface: one frozen dataclass, validated on construction.
+
+Each field carries its own command-line flag, ``SQSWORKER_*`` environment variable,
+parser and help text, so the CLI, the environment, the ``@handler`` decorator and
+the docs all read the same list. Precedence: command line, environment,
+decorator, default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+MAX_VISIBILITY = 43_200  # SQS: 12 hours, counted from the receive
+MAX_WAIT_TIME = 20  # SQS: longest long poll
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+ENV_PREFIX = "SQSWORKER_"
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _parse_int(raw: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError("must be a whole number") from None
+
+
+def _parse_float(raw: str) -> float:
+    try:
+        return float(raw.strip())
+    except ValueError:
+        raise ValueError("must be a number of seconds") from None
+
+
+def _parse_optional_str(raw: str) -> str | None:
+    return raw.strip() or None
+
+
+def _parse_exceptions(raw: str) -> tuple[type[BaseException], ...]:
+    from .importer import import_exception
+
+    return tuple(import_exception(part.strip()) for part in raw.split(",") if part.strip())
+
+
+def _option(
+    help: str,
+    parse: Callable[[str], Any] = str,
+    *,
+    metavar: str | None = None,
+    flag_only: bool = False,
+) -> dict[str, Any]:
+    return {"help": help, "parse": parse, "metavar": metavar, "flag_only": flag_only}
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    queue: str = field(
+        default="", metadata=_option("Queue name or URL (a name is resolved with GetQueueUrl).")
+    )
+    concurrency: int = field(
+        default=10, metadata=_option("Handler threads: messages processed at once.", _parse_int)
+    )
+    prefetch: int = field(
+        default=10,
+        metadata=_option(
+            "Messages held beyond the running ones, waiting to start (leases kept alive).",
+            _parse_int,
+        ),
+    )
+    visibility_timeout: int = field(
+        default=30,
+        metadata=_option(
+            "Seconds each lease lasts; the lease thread renews it while the handler runs, "
+            "so this is also how soon a crashed worker's messages come back.",
+            _parse_int,
+        ),
+    )
+    wait_time: int = field(
+        default=20,
+        metadata=_option("Long-poll seconds for each receive (0-20).", _parse_int),
+    )
+    shutdown_timeout: float = field(
+        default=30.0,
+        metadata=_option(
+            "Seconds running handlers get to finish after SIGTERM before their messages "
+            "are handed back.",
+            _parse_float,
+        ),
+    )
+    burst: bool = field(
+        default=False,
+        metadata=_option(
+            "Exit 0 once the queue holds no visible, delayed or in-flight message.",
+            _parse_bool,
+        ),
+    )
+    endpoint_url: str | None = field(
+        default=None,
+        metadata=_option(
+            "SQS endpoint URL (default: boto3's, which honours AWS_ENDPOINT_URL_SQS).",
+            _parse_optional_str,
+            metavar="URL",
+        ),
+    )
+    region: str | None = field(
+        default=None,
+        metadata=_option(
+            "AWS region (default: boto3's, from AWS_REGION or AWS_DEFAULT_REGION).",
+            _parse_optional_str,
+        ),
+    )
+    log_level: str = field(
+        default="info", metadata=_option("One of debug, info, warning, error.", str.lower)
+    )
+    backoff_base: float = field(
+        default=2.0,
+        metadata=_option(
+            "Delay before the first retry of a failed message; doubles with each receive.",
+            _parse_float,
+        ),
+    )
+    backoff_max: float = field(
+        default=900.0,
+        metadata=_option("Longest delay between retries of a failed message.", _parse_float),
+    )
+    non_retryable: tuple[type[BaseException], ...] = field(
+        default=(),
+        metadata=_option(
+            "Exception classes (MODULE:CLASS, comma-separated) that skip the remaining "
+            "attempts and go to the dead-letter queue.",
+            _parse_exceptions,
+            metavar="MODULE:CLASS,...",
+        ),
+    )
+    delete_interval: float = field(
+        default=0.2,
+        metadata=_option(
+            "Longest a finished message waits to be deleted in a batch of up to 10.",
+            _parse_float,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        def fail(name: str, rule: str) -> None:
+            value = getattr(self, name)
+            raise ConfigError(f"{label(name)} {rule}; got {value!r}", field=name)
+
+        if not self.queue.strip():
+            raise ConfigError(
+                "no queue was given: pass --queue NAME, set SQSWORKER_QUEUE, "
+                "or use @sqsworker.handler(queue=...)",
+                field="queue",
+            )
+        if not 1 <= self.concurrency <= 1000:
+            fail("concurrency", "must be a whole number from 1 to 1000")
+        if not 0 <= self.prefetch <= 1000:
+            fail("prefetch", "must be a whole number from 0 to 1000")
+        if not 1 <= self.visibility_timeout <= MAX_VISIBILITY:
+            fail("visibility_timeout", "must be from 1 to 43200 seconds (the SQS 12-hour limit)")
+        if not 0 <= self.wait_time <= MAX_WAIT_TIME:
+            fail("wait_time", "must be from 0 to 20 seconds (the SQS long-poll limit)")
+        if not self.shutdown_timeout > 0:
+            fail("shutdown_timeout", "must be more than 0 seconds")
+        if self.log_level not in LOG_LEVELS:
+            fail("log_level", "must be one of " + ", ".join(LOG_LEVELS))
+        if not 0 <= self.backoff_base <= MAX_VISIBILITY:
+            fail("backoff_base", "must be from 0 to 43200 seconds")
+        if not self.backoff_base <= self.backoff_max <= MAX_VISIBILITY:
+            fail("backoff_max", "must be from the backoff base to 43200 seconds")
+        if not 0 <= self.delete_interval <= 10:
+            fail("delete_interval", "must be from 0 to 10 seconds")
+
+
+def label(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_var(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def options() -> list[dataclasses.Field[Any]]:
+    return list(dataclasses.fields(WorkerConfig))
+
+
+def resolve(
+    cli: Mapping[str, str | None],
+    env: Mapping[str, str],
+    decorator: Mapping[str, Any],
+) -> WorkerConfig:
+    """Build the configuration from its layers, naming the source of any bad value."""
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for f in options():
+        parse: Callable[[str], Any] = f.metadata["parse"]
+        raw: str | None = None
+        if cli.get(f.name) is not None:
+            raw, origin = cli[f.name], flag(f.name)
+        elif env_var(f.name) in env:
+            raw, origin = env[env_var(f.name)], env_var(f.name)
+        elif f.name in decorator:
+            values[f.name] = decorator[f.name]
+            origins[f.name] = f"@sqsworker.handler({f.name}=...)"
+            continue
+        else:
+            continue
+        assert raw is not None
+        try:
+            values[f.name] = parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{origin} {exc}; got {raw!r}", field=f.name) from None
+        origins[f.name] = origin
+    try:
+        return WorkerConfig(**values)
+    except ConfigError as exc:
+        where = origins.get(exc.field or "")
+        if where is None:
+            raise
+        raise ConfigError(f"{exc} (set by {where})", field=exc.field) from None

@@ -1,0 +1,77 @@
+"""Every exception sqsworker raises, in one tree.
+
+botocore's errors are translated inside ``transports/sqs.py``; everything above
+the transport speaks these.
+"""
+
+from __future__ import annotations
+
+
+class SQSWorkerError(Exception):
+    """Base of every error sqsworker raises on its own account."""
+
+
+class ConfigError(SQSWorkerError):
+    """An option has a value that cannot work. The message says which and how to fix it."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ImportStringError(ConfigError):
+    """A ``MODULE:ATTR`` string that does not name a usable handler."""
+
+
+class StartupError(SQSWorkerError):
+    """The worker cannot start: the queue, the credentials or the endpoint are not usable."""
+
+
+class QueueNotFound(StartupError):
+    """The queue named in the configuration does not exist at the endpoint."""
+
+
+class CredentialsError(StartupError):
+    """No usable AWS credentials were found."""
+
+
+class TransportError(SQSWorkerError):
+    """An SQS call failed, after the transport's own retries where the error allowed them."""
+
+    def __init__(self, message: str, *, code: str = "", retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable
+
+
+class LeaseLost(SQSWorkerError):
+    """The message's visibility lease can no longer be extended: another consumer may own it."""
+
+
+# Raised by handlers -------------------------------------------------------------
+
+
+class Retry(Exception):  # noqa: N818 - a signal, not an error
+    """Raise from a handler to return the message to the queue after ``delay`` seconds.
+
+    The attempt counts as failed (the receive count grows, so a redrive policy still
+    applies), but the worker uses this delay instead of its backoff policy.
+    """
+
+    def __init__(self, delay: float, reason: str = "") -> None:
+        super().__init__(reason or f"retry requested in {delay:g} s")
+        if delay < 0:
+            raise ValueError("Retry delay must be zero or more seconds.")
+        self.delay = delay
+
+
+class Reject(Exception):  # noqa: N818 - a signal, not an error
+    """Raise from a handler when retrying cannot help (a poison message).
+
+    The message skips its remaining attempts: it goes to the queue's dead-letter
+    queue when the queue has a redrive policy. See docs/delivery.md.
+    """
+
+
+class MessageDecodeError(Reject):
+    """The message body is not what the handler expects (for example, not JSON)."""

@@ -1,0 +1,155 @@
+"""What the worker tells the outside world, through one seam.
+
+The core never logs or counts by itself: it calls an ``Observer``. Logging
+(``logs.py``) is an observer, and so will metrics be. Every method here does
+nothing; override the ones you need. An observer that raises is reported once
+through the standard ``warnings`` machinery and never breaks the worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import WorkerConfig
+    from .errors import TransportError
+    from .message import Message
+    from .transports import QueueInfo
+
+
+class Observer:
+    def worker_started(self, info: QueueInfo, config: WorkerConfig) -> None: ...
+
+    def received(self, messages: Sequence[Message]) -> None: ...
+
+    def receive_empty(self) -> None: ...
+
+    def receive_failed(self, error: TransportError, retry_in: float) -> None: ...
+
+    def handler_started(self, message: Message) -> None: ...
+
+    def handler_succeeded(self, message: Message, duration: float) -> None: ...
+
+    def handler_failed(
+        self,
+        message: Message,
+        error: BaseException,
+        duration: float,
+        retry_in: float,
+        last_attempt: bool,
+    ) -> None:
+        """The handler raised; the message returns to the queue in ``retry_in`` seconds."""
+
+    def handler_rejected(
+        self, message: Message, error: BaseException, duration: float, dead_letter: str | None
+    ) -> None:
+        """Non-retryable failure: moved to ``dead_letter``, or kept when there is none."""
+
+    def handler_skipped(self, message: Message, reason: str) -> None:
+        """A held message was not run (its lease was lost while it waited)."""
+
+    def deleted(self, messages: Sequence[Message]) -> None: ...
+
+    def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None: ...
+
+    def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
+        """Messages made visible again after ``delay`` seconds (retry backoff or hand-back)."""
+
+    def leases_extended(self, messages: Sequence[Message], seconds: int) -> None: ...
+
+    def lease_lost(self, message: Message, reason: str) -> None: ...
+
+    def lease_near_cap(self, message: Message, seconds_left: float) -> None:
+        """The message nears SQS's 12-hour visibility cap; it cannot be held past it."""
+
+    def request_failed(self, action: str, error: TransportError) -> None: ...
+
+    def shutdown_started(self, waiting: int, running: int) -> None: ...
+
+    def shutdown_finished(self, clean: bool, handed_back: int, unsettled: int) -> None: ...
+
+    def burst_finished(self) -> None: ...
+
+
+class Observers(Observer):
+    """Fans each event out to several observers."""
+
+    def __init__(self, observers: Sequence[Observer]) -> None:
+        self.observers = list(observers)
+        for name in _EVENTS:
+            setattr(self, name, self._fan_out(name))
+
+    def _fan_out(self, name: str) -> Any:
+        def call(*args: Any) -> None:
+            for observer in self.observers:
+                try:
+                    getattr(observer, name)(*args)
+                except Exception as exc:
+                    warnings.warn(
+                        f"observer {type(observer).__name__}.{name} raised {exc!r}",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+
+        return call
+
+
+_EVENTS = [n for n in vars(Observer) if not n.startswith("_")]
+
+
+class Tally(Observer):
+    """Counts what happened; the CLI's closing summary and the tests read it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+
+    def _add(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[key] += n
+
+    def received(self, messages: Sequence[Message]) -> None:
+        self._add("received", len(messages))
+
+    def receive_empty(self) -> None:
+        self._add("empty_receives")
+
+    def handler_succeeded(self, message: Message, duration: float) -> None:
+        self._add("succeeded")
+
+    def handler_failed(
+        self, message: Message, error: BaseException, duration: float, retry_in: float,
+        last_attempt: bool,
+    ) -> None:
+        self._add("failed")
+
+    def handler_rejected(
+        self, message: Message, error: BaseException, duration: float, dead_letter: str | None
+    ) -> None:
+        self._add("rejected")
+        if dead_letter:
+            self._add("dead_lettered")
+
+    def handler_skipped(self, message: Message, reason: str) -> None:
+        self._add("skipped")
+
+    def deleted(self, messages: Sequence[Message]) -> None:
+        self._add("deleted", len(messages))
+
+    def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
+        self._add("delete_failures")
+
+    def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
+        self._add("returned", len(messages))
+        if reason == "shutdown":
+            self._add("handed_back", len(messages))
+
+    def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:
+        self._add("lease_extensions", len(messages))
+
+    def lease_lost(self, message: Message, reason: str) -> None:
+        self._add("leases_lost")

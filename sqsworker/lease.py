@@ -1,0 +1,400 @@
+"""The lease thread: the one owner of every held message's visibility.
+
+Every SQS write about a held message goes through ``LeaseKeeper``: renewing
+leases before they expire (``ChangeMessageVisibilityBatch``), deleting after
+success (``DeleteMessageBatch``), and returning messages with a delay after a
+failure or at shutdown. One owner means a renewal can never race a delete or a
+hand-back on the same receipt handle.
+
+Timing:
+- a lease of ``T`` seconds is renewed once half of it has passed; renewals due
+  within the next quarter of ``T`` ride along in the same batch call;
+- no renewal asks past SQS's 12-hour cap, counted from the start of the receive;
+- deletes and returns wait at most ``delete_interval`` to fill a batch of 10;
+  hand-backs at shutdown go at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .clock import Clock
+from .config import MAX_VISIBILITY
+from .errors import LeaseLost, TransportError
+from .events import Observer
+from .message import Message
+from .transports import MAX_BATCH, BatchResult, Envelope, Transport, chunks
+
+CAP_MARGIN = 30.0  # never ask for visibility closer than this to the 12-hour cap
+NEAR_CAP = 1800.0  # warn once when less than this much of the cap remains
+RETRY_AFTER_ERROR = 1.0  # seconds before a failed call's entries are tried again
+
+
+class State(enum.Enum):
+    WAITING = "waiting"  # received, its handler not started
+    RUNNING = "running"
+    SETTLING = "settling"  # a delete or a visibility change is queued for it
+    DONE = "done"
+    LOST = "lost"
+
+
+class Held:
+    """A message this worker holds, and its lease (the ``Lease`` its handler sees)."""
+
+    def __init__(self, keeper: LeaseKeeper, envelope: Envelope, received_at: float, timeout: int):
+        self.keeper = keeper
+        self.envelope = envelope
+        self.received_at = received_at  # when the receive began: the 12-hour cap counts from it
+        self.timeout = timeout
+        self.expires_at = received_at + timeout
+        self.renew_at = received_at + timeout / 2
+        self.state = State.WAITING
+        self.renewals = 0
+        self.near_cap_warned = False
+        self.message = Message(envelope, keeper.transport.info.name, self)
+
+    # -- the Lease protocol ------------------------------------------------------
+
+    @property
+    def seconds_left(self) -> float:
+        if self.state is State.LOST:
+            return 0.0
+        return max(0.0, self.expires_at - self.keeper.clock.monotonic())
+
+    @property
+    def lost(self) -> bool:
+        return self.state is State.LOST
+
+    def extend(self, seconds: int) -> float:
+        return self.keeper.extend(self, seconds)
+
+
+@dataclass
+class _Op:
+    held: Held
+    action: str  # "delete" or "return"
+    seconds: int = 0  # for "return": visible again after this long
+    reason: str = ""
+    queued_at: float = 0.0
+    urgent: bool = False
+    not_before: float = 0.0
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        transport: Transport,
+        clock: Clock,
+        observer: Observer,
+        *,
+        delete_interval: float = 0.2,
+    ) -> None:
+        self.transport = transport
+        self.clock = clock
+        self.observer = observer
+        self.delete_interval = delete_interval
+        self._lock = threading.Lock()  # guards _held, _ops, every Held's state, _stopping
+        self._wake = threading.Condition(self._lock)
+        self._held: dict[str, Held] = {}  # by receipt handle
+        self._ops: list[_Op] = []
+        self._stopping = False
+        self._give_up_at: float | None = None
+        self._thread: threading.Thread | None = None
+        self.last_pass = clock.monotonic()  # liveness: when the loop last came round
+
+    # -- called by the worker's threads -------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sqsworker-lease", daemon=True)
+        self._thread.start()
+
+    def add(self, envelopes: Sequence[Envelope], received_at: float, timeout: int) -> list[Held]:
+        held = [Held(self, e, received_at, timeout) for e in envelopes]
+        with self._wake:
+            for h in held:
+                self._held[h.envelope.receipt_handle] = h
+            self._wake.notify_all()
+        return held
+
+    def begin(self, held: Held) -> bool:
+        """Mark a waiting message as running; False if it was lost or handed back meanwhile."""
+        with self._lock:
+            if held.state is not State.WAITING:
+                return False
+            held.state = State.RUNNING
+            return True
+
+    def succeed(self, held: Held) -> None:
+        """Queue the delete. After a lost lease the delete is still tried, reported as unsure."""
+        self._queue(held, _Op(held, "delete"), allow_lost=True)
+
+    def release(self, held: Held, seconds: float, reason: str, urgent: bool = False) -> None:
+        """Return the message to the queue, visible again after ``seconds``."""
+        self._queue(held, _Op(held, "return", math.ceil(seconds), reason, urgent=urgent))
+
+    def hand_back(self, held: Sequence[Held]) -> None:
+        """Make these messages visible again at once (shutdown)."""
+        for h in held:
+            self.release(h, 0, "shutdown", urgent=True)
+
+    def running(self) -> list[Held]:
+        with self._lock:
+            return [h for h in self._held.values() if h.state is State.RUNNING]
+
+    def held_count(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def extend(self, held: Held, seconds: int) -> float:
+        if not 1 <= seconds <= MAX_VISIBILITY:
+            raise ValueError("a lease can be extended by 1 to 43200 seconds")
+        with self._wake:
+            if held.state is State.LOST:
+                raise LeaseLost(f"the lease of message {held.envelope.message_id} was lost")
+            target = held.renewals + 1
+            held.timeout = seconds
+            held.renew_at = -math.inf
+            self._wake.notify_all()
+            while held.renewals < target and held.state not in (State.LOST, State.DONE):
+                self.clock.wait(self._wake, None)
+            if held.state is State.LOST:
+                raise LeaseLost(f"the lease of message {held.envelope.message_id} was lost")
+        return held.seconds_left
+
+    def stop(self, give_up_after: float) -> int:
+        """Flush what is queued, then end the thread. Returns how many ops stayed unsent."""
+        with self._wake:
+            self._stopping = True
+            self._give_up_at = self.clock.monotonic() + give_up_after
+            for op in self._ops:
+                op.urgent = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            return len(self._ops)
+
+    def _queue(self, held: Held, op: _Op, allow_lost: bool = False) -> None:
+        with self._wake:
+            if held.state in (State.SETTLING, State.DONE):
+                return  # settled already (e.g. handed back at a shutdown timeout)
+            if held.state is State.LOST and not allow_lost:
+                return  # SQS returns it by itself
+            if held.state is not State.LOST:
+                held.state = State.SETTLING
+            op.queued_at = self.clock.monotonic()
+            self._ops.append(op)
+            self._wake.notify_all()
+
+    # -- the thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while True:
+                    now = self.clock.monotonic()
+                    self.last_pass = now
+                    self._expire(now)
+                    ops, renewals = self._due(now)
+                    if ops or renewals:
+                        break
+                    if self._stopping and (not self._ops or self._gave_up(now)):
+                        return
+                    self.clock.wait(self._wake, self._next_deadline(now))
+            self._settle(ops)
+            self._renew(renewals)
+            with self._wake:
+                self._wake.notify_all()  # wake extend() callers waiting on a renewal
+
+    def _gave_up(self, now: float) -> bool:
+        return self._give_up_at is not None and now >= self._give_up_at
+
+    def _expire(self, now: float) -> None:
+        """Leases that ran out without a renewal are lost (a stalled thread, a failing SQS)."""
+        for held in list(self._held.values()):
+            if held.state in (State.WAITING, State.RUNNING) and now >= held.expires_at:
+                self._lose(held, "the lease expired before it could be renewed")
+
+    def _lose(self, held: Held, reason: str) -> None:
+        held.state = State.LOST
+        self._held.pop(held.envelope.receipt_handle, None)
+        self.observer.lease_lost(held.message, reason)
+
+    def _due(self, now: float) -> tuple[list[_Op], list[Held]]:
+        ready = [op for op in self._ops if op.not_before <= now]
+        flush = any(op.urgent for op in ready) or len(ready) >= MAX_BATCH or any(
+            op.queued_at + self.delete_interval <= now for op in ready
+        )
+        ops = ready if flush else []
+        if ops:
+            self._ops = [op for op in self._ops if op not in ops]
+        returning = {id(op.held) for op in self._ops + ops if op.action == "return"}
+        renewable = [
+            h
+            for h in self._held.values()
+            if id(h) not in returning and h.state is not State.LOST and h.renew_at < math.inf
+        ]
+        renewals: list[Held] = []
+        if any(h.renew_at <= now for h in renewable):
+            renewals = [h for h in renewable if h.renew_at <= now + h.timeout / 4]
+        return ops, renewals
+
+    def _next_deadline(self, now: float) -> float | None:
+        deadlines = [op.queued_at + self.delete_interval for op in self._ops]
+        deadlines += [op.not_before for op in self._ops if op.not_before > now]
+        for held in self._held.values():
+            if held.state is not State.LOST:
+                deadlines.append(held.expires_at)
+                if held.renew_at < math.inf:
+                    deadlines.append(held.renew_at)
+        if self._give_up_at is not None:
+            deadlines.append(self._give_up_at)
+        return min(deadlines) if deadlines else None
+
+    # -- SQS calls, made outside the lock --------------------------------------------
+
+    def _settle(self, ops: list[_Op]) -> None:
+        deletes = [op for op in ops if op.action == "delete"]
+        returns = [op for op in ops if op.action == "return"]
+        for batch in chunks(deletes):
+            self._call(
+                "DeleteMessageBatch",
+                batch,
+                lambda b: self.transport.delete_batch(
+                    [(str(i), op.held.envelope.receipt_handle) for i, op in enumerate(b)]
+                ),
+            )
+        for batch in chunks(returns):
+            self._call(
+                "ChangeMessageVisibilityBatch",
+                batch,
+                lambda b: self.transport.change_visibility_batch(
+                    [
+                        (str(i), op.held.envelope.receipt_handle, self._capped(op.held, op.seconds))
+                        for i, op in enumerate(b)
+                    ]
+                ),
+            )
+
+    def _call(
+        self, action: str, batch: Sequence[_Op], send: Callable[[Sequence[_Op]], BatchResult]
+    ) -> None:
+        try:
+            result = send(batch)
+        except TransportError as exc:
+            self.observer.request_failed(action, exc)
+            self._retry(batch)
+            return
+        failures = {f.id: f for f in result.failed}
+        done: list[_Op] = []
+        retry: list[_Op] = []
+        with self._lock:
+            for index, op in enumerate(batch):
+                failure = failures.get(str(index))
+                if failure is None:
+                    done.append(op)
+                    op.held.state = State.DONE if op.held.state is not State.LOST else State.LOST
+                    self._held.pop(op.held.envelope.receipt_handle, None)
+                elif failure.lease_lost:
+                    if op.held.state is not State.LOST:
+                        self._lose(op.held, f"{failure.code}: {failure.message}")
+                    if op.action == "delete":
+                        self.observer.delete_failed(
+                            op.held.message,
+                            "the receipt handle no longer owns the message; it may be delivered "
+                            "again",
+                            False,
+                        )
+                else:
+                    retry.append(op)
+                    if op.action == "delete":
+                        self.observer.delete_failed(
+                            op.held.message, f"{failure.code}: {failure.message}", True
+                        )
+        if retry:
+            self._retry(retry)
+        deleted = [op.held.message for op in done if op.action == "delete"]
+        confirmed = [op.held.message for op in done if op.action == "delete" and not op.held.lost]
+        if deleted and len(confirmed) < len(deleted):
+            for op in done:
+                if op.action == "delete" and op.held.lost:
+                    self.observer.delete_failed(
+                        op.held.message,
+                        "deleted with the receipt handle of a lost lease; SQS may have "
+                        "delivered it again meanwhile",
+                        False,
+                    )
+        if confirmed:
+            self.observer.deleted(confirmed)
+        by_reason: dict[tuple[int, str], list[Message]] = {}
+        for op in done:
+            if op.action == "return":
+                by_reason.setdefault((op.seconds, op.reason), []).append(op.held.message)
+        for (seconds, reason), messages in by_reason.items():
+            self.observer.returned(messages, seconds, reason)
+
+    def _retry(self, ops: Sequence[_Op]) -> None:
+        with self._wake:
+            not_before = self.clock.monotonic() + RETRY_AFTER_ERROR
+            for op in ops:
+                op.not_before = not_before
+            self._ops.extend(ops)
+
+    def _capped(self, held: Held, seconds: int) -> int:
+        """``seconds`` cut so the total stays inside the 12-hour cap."""
+        budget = MAX_VISIBILITY - (self.clock.monotonic() - held.received_at) - CAP_MARGIN
+        return max(0, min(seconds, math.floor(budget)))
+
+    def _renew(self, renewals: list[Held]) -> None:
+        by_timeout: dict[int, list[Held]] = {}
+        for held in renewals:
+            seconds = self._capped(held, held.timeout)
+            budget = MAX_VISIBILITY - (self.clock.monotonic() - held.received_at)
+            if budget < NEAR_CAP and not held.near_cap_warned:
+                held.near_cap_warned = True
+                self.observer.lease_near_cap(held.message, budget)
+            if seconds < 1:
+                held.renew_at = math.inf  # at the cap: it will expire and come back
+                continue
+            by_timeout.setdefault(seconds, []).append(held)
+        for seconds, group in by_timeout.items():
+            for batch in chunks(group):
+                self._renew_batch(batch, seconds)
+
+    def _renew_batch(self, batch: Sequence[Held], seconds: int) -> None:
+        started = self.clock.monotonic()
+        try:
+            result = self.transport.change_visibility_batch(
+                [(str(i), h.envelope.receipt_handle, seconds) for i, h in enumerate(batch)]
+            )
+        except TransportError as exc:
+            self.observer.request_failed("ChangeMessageVisibilityBatch", exc)
+            with self._lock:
+                for held in batch:
+                    held.renew_at = started + RETRY_AFTER_ERROR
+            return
+        failures = {f.id: f for f in result.failed}
+        extended: list[Message] = []
+        with self._lock:
+            for index, held in enumerate(batch):
+                failure = failures.get(str(index))
+                if held.state in (State.DONE, State.LOST):
+                    continue
+                if failure is None:
+                    held.expires_at = started + seconds
+                    held.renew_at = started + seconds / 2
+                    held.renewals += 1
+                    extended.append(held.message)
+                elif failure.lease_lost:
+                    self._lose(held, f"{failure.code}: {failure.message}")
+                elif failure.code == "InvalidParameterValue":
+                    held.renew_at = math.inf  # SQS says the cap is reached: it will come back
+                    self.observer.lease_near_cap(held.message, held.seconds_left)
+                else:
+                    held.renew_at = started + RETRY_AFTER_ERROR
+        if extended:
+            self.observer.leases_extended(extended, seconds)

@@ -1,0 +1,150 @@
+"""Structured logs: an ``Observer`` that turns worker events into structlog lines.
+
+Every message-scoped line carries queue, message_id, receive_count and handler.
+Message bodies are never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from .events import Observer
+
+if TYPE_CHECKING:
+    from .config import WorkerConfig
+    from .errors import TransportError
+    from .message import Message
+    from .transports import QueueInfo
+
+
+def configure(level: str = "info") -> None:
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+class LogObserver(Observer):
+    def __init__(self, handler: str, logger: Any = None) -> None:
+        self.handler = handler
+        self.log = logger or structlog.get_logger("sqsworker")
+        self.max_receive_count: int | None = None
+
+    def _for(self, message: Message) -> Any:
+        return self.log.bind(
+            queue=message.queue,
+            message_id=message.message_id,
+            receive_count=message.receive_count,
+            handler=self.handler,
+        )
+
+    def worker_started(self, info: QueueInfo, config: WorkerConfig) -> None:
+        self.max_receive_count = info.max_receive_count
+        self.log.info(
+            "worker started",
+            queue=info.name,
+            handler=self.handler,
+            concurrency=config.concurrency,
+            visibility_timeout=config.visibility_timeout,
+            dead_letter_queue=(info.dead_letter_arn or "none").rsplit(":", 1)[-1],
+            max_receive_count=info.max_receive_count,
+        )
+        if info.dead_letter_arn is None:
+            self.log.warning(
+                "the queue has no redrive policy: a message that always fails is retried "
+                "forever; give the queue a dead-letter queue",
+                queue=info.name,
+            )
+
+    def receive_failed(self, error: TransportError, retry_in: float) -> None:
+        self.log.warning("receive failed; retrying", error=str(error), retry_in=retry_in)
+
+    def handler_succeeded(self, message: Message, duration: float) -> None:
+        self._for(message).info("message processed", duration=round(duration, 3))
+
+    def handler_failed(
+        self, message: Message, error: BaseException, duration: float, retry_in: float,
+        last_attempt: bool,
+    ) -> None:
+        log = self._for(message)
+        if last_attempt:
+            log.error(
+                "handler failed on its last attempt; SQS moves the message to the "
+                "dead-letter queue on its next receive",
+                error=_error(error),
+                max_receive_count=self.max_receive_count,
+            )
+        else:
+            log.warning("handler failed; message will be retried", error=_error(error),
+                        retry_in=round(retry_in, 1))
+
+    def handler_rejected(
+        self, message: Message, error: BaseException, duration: float, dead_letter: str | None
+    ) -> None:
+        if dead_letter:
+            self._for(message).error(
+                "handler rejected the message; moved to the dead-letter queue",
+                error=_error(error), dead_letter_queue=dead_letter,
+            )
+        else:
+            self._for(message).error(
+                "handler rejected the message, but the queue has no dead-letter queue; "
+                "kept and retried after the longest backoff",
+                error=_error(error),
+            )
+
+    def handler_skipped(self, message: Message, reason: str) -> None:
+        self._for(message).warning("message not run", reason=reason)
+
+    def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
+        log = self._for(message)
+        (log.warning if will_retry else log.error)("delete failed", reason=reason,
+                                                   will_retry=will_retry)
+
+    def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
+        if reason == "shutdown":
+            self.log.info("handed messages back", count=len(messages))
+
+    def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:
+        self.log.debug("leases extended", count=len(messages), seconds=seconds)
+
+    def lease_lost(self, message: Message, reason: str) -> None:
+        self._for(message).warning(
+            "lease lost: another consumer may now have this message", reason=reason
+        )
+
+    def lease_near_cap(self, message: Message, seconds_left: float) -> None:
+        self._for(message).warning(
+            "message nears the 12-hour visibility cap; SQS will redeliver it at the cap",
+            seconds_left=round(seconds_left),
+        )
+
+    def request_failed(self, action: str, error: TransportError) -> None:
+        self.log.warning("SQS request failed; will retry", action=action, error=str(error))
+
+    def shutdown_started(self, waiting: int, running: int) -> None:
+        self.log.info("shutting down", handing_back=waiting, running=running)
+
+    def shutdown_finished(self, clean: bool, handed_back: int, unsettled: int) -> None:
+        log = self.log.info if clean and not unsettled else self.log.warning
+        log("stopped", clean=clean, handed_back=handed_back, unsent_deletes_or_returns=unsettled)
+
+    def burst_finished(self) -> None:
+        self.log.info("queue is empty; burst mode stops")

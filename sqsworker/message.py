@@ -1,0 +1,132 @@
+"""The message a handler receives."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from .errors import MessageDecodeError
+from .transports import Envelope
+
+
+class Lease(Protocol):
+    """The visibility lease of a held message, as its handler sees it."""
+
+    @property
+    def seconds_left(self) -> float:
+        """Seconds before SQS makes the message visible to other consumers."""
+        ...
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease could not be kept: another consumer may now have the message."""
+        ...
+
+    def extend(self, seconds: int) -> float:
+        """Ask for ``seconds`` more from now (and at each later renewal); returns seconds left.
+
+        Raises ``LeaseLost`` if the lease is gone. The 12-hour cap still applies.
+        """
+        ...
+
+
+class DetachedLease:
+    """The lease of a message built by hand, for example in a handler's unit test."""
+
+    seconds_left = float("inf")
+    lost = False
+
+    def extend(self, seconds: int) -> float:
+        return self.seconds_left
+
+
+class Message:
+    """One SQS message and its lease. Attributes are read-only views of what SQS sent."""
+
+    __slots__ = ("_envelope", "lease", "queue")
+
+    def __init__(self, envelope: Envelope, queue: str = "", lease: Lease | None = None) -> None:
+        self._envelope = envelope
+        self.queue = queue
+        self.lease: Lease = lease if lease is not None else DetachedLease()
+
+    def __repr__(self) -> str:
+        return f"<Message {self.message_id} queue={self.queue!r} receive={self.receive_count}>"
+
+    @classmethod
+    def build(
+        cls, body: str, *, message_id: str = "test-message", **attributes: str
+    ) -> Message:
+        """A message with no queue behind it, for unit-testing a handler."""
+        return cls(Envelope(message_id, "", body, {"ApproximateReceiveCount": "1", **attributes}))
+
+    @property
+    def message_id(self) -> str:
+        return self._envelope.message_id
+
+    @property
+    def receipt_handle(self) -> str:
+        return self._envelope.receipt_handle
+
+    @property
+    def body(self) -> str:
+        return self._envelope.body
+
+    @property
+    def attributes(self) -> Mapping[str, str]:
+        """System attributes: SentTimestamp, ApproximateReceiveCount, MessageGroupId, ..."""
+        return self._envelope.attributes
+
+    @property
+    def message_attributes(self) -> Mapping[str, str | bytes]:
+        """User attributes by name: str for String and Number types, bytes for Binary."""
+        values: dict[str, str | bytes] = {}
+        for name, value in self._envelope.message_attributes.items():
+            if "StringValue" in value:
+                values[name] = str(value["StringValue"])
+            elif "BinaryValue" in value:
+                raw = value["BinaryValue"]
+                values[name] = raw if isinstance(raw, bytes) else base64.b64decode(raw)
+        return values
+
+    @property
+    def raw_message_attributes(self) -> Mapping[str, Mapping[str, Any]]:
+        """User attributes in SQS's own shape, with their data types."""
+        return self._envelope.message_attributes
+
+    @property
+    def receive_count(self) -> int:
+        return self._envelope.receive_count
+
+    @property
+    def group_id(self) -> str | None:
+        return self.attributes.get("MessageGroupId")
+
+    @property
+    def deduplication_id(self) -> str | None:
+        return self.attributes.get("MessageDeduplicationId")
+
+    @property
+    def sequence_number(self) -> str | None:
+        return self.attributes.get("SequenceNumber")
+
+    @property
+    def sent_at(self) -> datetime | None:
+        raw = self.attributes.get("SentTimestamp")
+        return datetime.fromtimestamp(int(raw) / 1000, tz=UTC) if raw else None
+
+    def json(self) -> Any:
+        """The body parsed as JSON; a body that is not JSON raises ``MessageDecodeError``.
+
+        ``MessageDecodeError`` is a ``Reject``: retrying cannot fix the body, so the
+        message goes to the dead-letter queue without using up its retries.
+        """
+        try:
+            return json.loads(self.body)
+        except ValueError as exc:
+            raise MessageDecodeError(
+                f"message {self.message_id} has a body that is not valid JSON ({exc})"
+            ) from None

@@ -1,0 +1,144 @@
+"""The seam between the worker and SQS.
+
+A ``Transport`` is bound to one queue. Two implementations: ``SQSTransport``
+(boto3, the only module that talks to AWS) and ``MemoryTransport`` (an
+in-memory model of SQS semantics for fast tests). One contract test suite runs
+against both, so the model cannot drift from the real service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# Per-entry error codes that mean "this receipt handle no longer owns the message".
+LEASE_LOST_CODES = frozenset(
+    {"ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidReceiptHandle"}
+)
+MAX_BATCH = 10
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A message as one receive returned it."""
+
+    message_id: str
+    receipt_handle: str
+    body: str
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    # SQS's shape: name -> {"DataType": ..., "StringValue" | "BinaryValue": ...}
+    message_attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def receive_count(self) -> int:
+        return int(self.attributes.get("ApproximateReceiveCount", "1"))
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    url: str
+    name: str
+    arn: str
+    fifo: bool = False
+    visibility_timeout: int = 30
+    maximum_message_size: int = 1_048_576
+    dead_letter_arn: str | None = None
+    max_receive_count: int | None = None  # from the RedrivePolicy, when there is one
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    visible: int
+    in_flight: int
+    delayed: int
+
+    @property
+    def total(self) -> int:
+        return self.visible + self.in_flight + self.delayed
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    body: str
+    message_attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    delay_seconds: int = 0
+    group_id: str | None = None
+    deduplication_id: str | None = None
+
+
+@dataclass(frozen=True)
+class EntryFailure:
+    id: str
+    code: str
+    message: str
+    sender_fault: bool = True
+
+    @property
+    def lease_lost(self) -> bool:
+        return self.code in LEASE_LOST_CODES
+
+
+@dataclass
+class BatchResult:
+    """Which entries of a batch call succeeded; every failed one must be handled."""
+
+    succeeded: list[str] = field(default_factory=list)
+    failed: list[EntryFailure] = field(default_factory=list)
+    # For send batches: entry id -> new MessageId.
+    message_ids: dict[str, str] = field(default_factory=dict)
+
+
+class Transport(Protocol):
+    info: QueueInfo
+
+    def receive(
+        self,
+        max_messages: int,
+        wait_seconds: int,
+        visibility_timeout: int,
+        attempt_id: str | None = None,
+    ) -> list[Envelope]: ...
+
+    def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        """Delete up to 10 messages; entries are ``(entry_id, receipt_handle)``."""
+        ...
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        """Up to 10 ``(entry_id, receipt_handle, seconds)``, each counted from now."""
+        ...
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        """Send up to 10 messages; entry ids are their positions, "0" to "9"."""
+        ...
+
+    def counts(self) -> QueueCounts: ...
+
+    def open(self, queue: str) -> Transport:
+        """Another queue (name, URL or ARN) on the same endpoint and credentials."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def chunks(items: Sequence[Any], size: int = MAX_BATCH) -> list[Sequence[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def send_all(transport: Transport, messages: Sequence[OutgoingMessage | str]) -> list[str]:
+    """Send any number of messages in batches of 10; raise if any entry fails."""
+    from ..errors import TransportError
+
+    outgoing = [m if isinstance(m, OutgoingMessage) else OutgoingMessage(m) for m in messages]
+    ids: list[str] = []
+    for batch in chunks(outgoing):
+        result = transport.send_batch(batch)
+        if result.failed:
+            first = result.failed[0]
+            raise TransportError(
+                f"{len(result.failed)} of {len(batch)} messages were not sent: "
+                f"{first.code}: {first.message}",
+                code=first.code,
+            )
+        ids.extend(result.message_ids[str(i)] for i in range(len(batch)))
+    return ids

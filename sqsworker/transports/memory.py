@@ -1,0 +1,460 @@
+"""An in-memory SQS: the semantics of the service, for fast and exact tests.
+
+It models what a consumer depends on (see ../../docs/delivery.md): visibility
+timeouts restarted from now, receipt handles renewed on every receive and stale
+afterwards, receive counts, redrive to a dead-letter queue, delays, FIFO group
+ordering and deduplication, the 12-hour visibility cap, and the batch rules.
+Time comes from an injected clock, so tests advance time instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..clock import Clock, SystemClock
+from ..config import MAX_VISIBILITY, MAX_WAIT_TIME
+from ..errors import QueueNotFound, TransportError
+from . import (
+    MAX_BATCH,
+    BatchResult,
+    EntryFailure,
+    Envelope,
+    OutgoingMessage,
+    QueueCounts,
+    QueueInfo,
+)
+
+DEDUP_WINDOW = 300.0
+_BATCH_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+# Characters SQS accepts in a message body.
+_INVALID_BODY = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _error(code: str, message: str) -> TransportError:
+    return TransportError(f"{code}: {message}", code=code, retryable=False)
+
+
+@dataclass
+class _Message:
+    message_id: str
+    body: str
+    message_attributes: Mapping[str, Mapping[str, Any]]
+    sent_at_ms: int
+    visible_at: float
+    group_id: str | None = None
+    deduplication_id: str | None = None
+    sequence_number: str | None = None
+    receive_count: int = 0
+    first_receive_ms: int | None = None
+    handle: str | None = None  # the latest receipt handle; earlier ones are stale
+    received_at: float | None = None  # when this receive began: the 12-hour cap counts from it
+
+    def in_flight(self, now: float) -> bool:
+        return self.handle is not None and self.visible_at > now
+
+
+@dataclass
+class _Queue:
+    info: QueueInfo
+    content_dedup: bool = False
+    delay_seconds: int = 0
+    messages: dict[str, _Message] = field(default_factory=dict)  # in send order
+    handles: dict[str, str] = field(default_factory=dict)  # every handle issued -> message id
+    dedup: dict[str, tuple[float, str]] = field(default_factory=dict)
+    sequence: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class MemorySQS:
+    """The service: holds the queues and hands out transports bound to one of them."""
+
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        *,
+        region: str = "us-east-1",
+        account: str = "123456789012",
+    ) -> None:
+        self.clock = clock or SystemClock()
+        self.region = region
+        self.account = account
+        self.requests: Counter[str] = Counter()  # API action -> calls, for cost figures
+        self._queues: dict[str, _Queue] = {}
+        self._faults: dict[str, list[Exception]] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified when messages may be ready
+
+    # -- administration -------------------------------------------------------
+
+    def create_queue(self, name: str, attributes: Mapping[str, str] | None = None) -> QueueInfo:
+        attributes = dict(attributes or {})
+        fifo = name.endswith(".fifo")
+        if attributes.get("FifoQueue", "false").lower() == "true" and not fifo:
+            raise _error("InvalidParameterValue", "a FIFO queue's name must end with .fifo")
+        redrive = json.loads(attributes["RedrivePolicy"]) if "RedrivePolicy" in attributes else {}
+        info = QueueInfo(
+            url=f"https://sqs.{self.region}.amazonaws.com/{self.account}/{name}",
+            name=name,
+            arn=f"arn:aws:sqs:{self.region}:{self.account}:{name}",
+            fifo=fifo,
+            visibility_timeout=int(attributes.get("VisibilityTimeout", 30)),
+            maximum_message_size=int(attributes.get("MaximumMessageSize", 1_048_576)),
+            dead_letter_arn=redrive.get("deadLetterTargetArn"),
+            max_receive_count=int(redrive["maxReceiveCount"]) if redrive else None,
+        )
+        with self._lock:
+            self._queues[name] = _Queue(
+                info=info,
+                content_dedup=attributes.get("ContentBasedDeduplication", "false").lower()
+                == "true",
+                delay_seconds=int(attributes.get("DelaySeconds", 0)),
+            )
+        return info
+
+    def create_queue_with_dlq(
+        self, name: str, max_receive_count: int = 3, **attributes: str
+    ) -> QueueInfo:
+        suffix = ".fifo" if name.endswith(".fifo") else ""
+        dlq = self.create_queue(name.removesuffix(".fifo") + "-dlq" + suffix, attributes)
+        policy = {"deadLetterTargetArn": dlq.arn, "maxReceiveCount": max_receive_count}
+        return self.create_queue(name, {**attributes, "RedrivePolicy": json.dumps(policy)})
+
+    def transport(self, queue: str) -> MemoryTransport:
+        name = queue.rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        with self._lock:
+            if name not in self._queues:
+                raise QueueNotFound(f"queue {queue!r} does not exist")
+            return MemoryTransport(self, self._queues[name].info)
+
+    def inject_fault(self, action: str, error: Exception, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``action`` (e.g. "ReceiveMessage") raise ``error``."""
+        with self._lock:
+            self._faults.setdefault(action, []).extend([error] * times)
+
+    def wake(self) -> None:
+        """Re-check long polls, e.g. after a test moved a fake clock."""
+        with self._changed:
+            self._changed.notify_all()
+
+    # -- the API, called by MemoryTransport ------------------------------------
+
+    def _begin(self, action: str) -> None:
+        """Count the request and raise an injected fault; called with the lock held."""
+        self.requests[action] += 1
+        faults = self._faults.get(action)
+        if faults:
+            raise faults.pop(0)
+
+    def _queue(self, name: str) -> _Queue:
+        try:
+            return self._queues[name]
+        except KeyError:
+            raise _error("QueueDoesNotExist", f"queue {name!r} does not exist") from None
+
+    def receive(
+        self, name: str, max_messages: int, wait_seconds: int, visibility: int
+    ) -> list[Envelope]:
+        if not 1 <= max_messages <= MAX_BATCH:
+            raise _error("InvalidParameterValue", "MaxNumberOfMessages must be from 1 to 10")
+        if not 0 <= wait_seconds <= MAX_WAIT_TIME:
+            raise _error("InvalidParameterValue", "WaitTimeSeconds must be from 0 to 20")
+        if not 0 <= visibility <= MAX_VISIBILITY:
+            raise _error("InvalidParameterValue", "VisibilityTimeout must be from 0 to 43200")
+        with self._changed:
+            self._begin("ReceiveMessage")
+            deadline = self.clock.monotonic() + wait_seconds
+            while True:
+                taken = self._take(self._queue(name), max_messages, visibility)
+                if taken or self.clock.monotonic() >= deadline:
+                    return taken
+                self.clock.wait(self._changed, deadline)
+
+    def _take(self, queue: _Queue, limit: int, visibility: int) -> list[Envelope]:
+        now = self.clock.monotonic()
+        wall_ms = int(self.clock.time() * 1000)
+        # FIFO: while any message of a group is in flight, no later one is delivered.
+        blocked = {
+            m.group_id for m in queue.messages.values() if queue.info.fifo and m.in_flight(now)
+        }
+        out: list[Envelope] = []
+        for message in list(queue.messages.values()):
+            if len(out) >= limit:
+                break
+            group = message.group_id
+            if queue.info.fifo and group in blocked:
+                continue
+            if message.visible_at > now:
+                if queue.info.fifo:
+                    blocked.add(group)  # a later message of the group must wait for this one
+                continue
+            if (
+                queue.info.max_receive_count is not None
+                and message.receive_count >= queue.info.max_receive_count
+            ):
+                self._dead_letter(queue, message)
+                continue
+            message.receive_count += 1
+            message.first_receive_ms = message.first_receive_ms or wall_ms
+            message.handle = f"{message.message_id}#{uuid.uuid4().hex}"
+            message.received_at = now
+            message.visible_at = now + visibility
+            queue.handles[message.handle] = message.message_id
+            out.append(self._envelope(message))
+        return out
+
+    def _dead_letter(self, queue: _Queue, message: _Message) -> None:
+        del queue.messages[message.message_id]
+        target = queue.info.dead_letter_arn or ""
+        dlq = self._queues.get(target.rsplit(":", 1)[-1])
+        if dlq is None:
+            return  # SQS drops it too when the target is gone
+        message.receive_count = 0
+        message.handle = None
+        message.received_at = None
+        message.first_receive_ms = None
+        message.visible_at = self.clock.monotonic()
+        dlq.messages[message.message_id] = message
+        self._changed.notify_all()
+
+    @staticmethod
+    def _envelope(message: _Message) -> Envelope:
+        attributes = {
+            "SenderId": "AIDAMEMORYSQS",
+            "SentTimestamp": str(message.sent_at_ms),
+            "ApproximateReceiveCount": str(message.receive_count),
+            "ApproximateFirstReceiveTimestamp": str(message.first_receive_ms),
+        }
+        if message.group_id is not None:
+            attributes["MessageGroupId"] = message.group_id
+        if message.deduplication_id is not None:
+            attributes["MessageDeduplicationId"] = message.deduplication_id
+        if message.sequence_number is not None:
+            attributes["SequenceNumber"] = message.sequence_number
+        assert message.handle is not None
+        return Envelope(
+            message_id=message.message_id,
+            receipt_handle=message.handle,
+            body=message.body,
+            attributes=attributes,
+            message_attributes=dict(message.message_attributes),
+        )
+
+    def _check_batch(self, ids: Sequence[str]) -> None:
+        if not ids:
+            raise _error("EmptyBatchRequest", "there should be at least one entry in the request")
+        if len(ids) > MAX_BATCH:
+            raise _error("TooManyEntriesInBatchRequest", "at most 10 entries per batch")
+        if len(set(ids)) != len(ids):
+            raise _error("BatchEntryIdsNotDistinct", "two or more entries have the same Id")
+        for entry_id in ids:
+            if not _BATCH_ID.match(entry_id):
+                raise _error("InvalidBatchEntryId", f"batch entry id {entry_id!r} is not valid")
+
+    def _owner(self, queue: _Queue, handle: str) -> tuple[_Message | None, EntryFailure | None]:
+        """The message a handle names, or why the handle names none."""
+        message_id = queue.handles.get(handle)
+        if message_id is None:
+            return None, EntryFailure("", "ReceiptHandleIsInvalid", "the receipt handle is invalid")
+        return queue.messages.get(message_id), None
+
+    def delete_batch(self, name: str, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        self._check_batch([entry_id for entry_id, _ in entries])
+        result = BatchResult()
+        with self._changed:
+            self._begin("DeleteMessageBatch")
+            queue = self._queue(name)
+            now = self.clock.monotonic()
+            for entry_id, handle in entries:
+                message, failure = self._owner(queue, handle)
+                if failure is not None:
+                    result.failed.append(EntryFailure(entry_id, failure.code, failure.message))
+                elif message is None or message.handle != handle:
+                    # Deleted already, or received again since: a stale handle.
+                    if queue.info.fifo and message is not None:
+                        result.failed.append(
+                            EntryFailure(entry_id, "ReceiptHandleIsInvalid", "the handle expired")
+                        )
+                    else:
+                        result.succeeded.append(entry_id)  # SQS reports success, deletes nothing
+                elif queue.info.fifo and not message.in_flight(now):
+                    result.failed.append(
+                        EntryFailure(entry_id, "ReceiptHandleIsInvalid", "the handle expired")
+                    )
+                else:
+                    del queue.messages[message.message_id]
+                    result.succeeded.append(entry_id)
+            self._changed.notify_all()  # a FIFO group may be unblocked
+        return result
+
+    def change_visibility_batch(
+        self, name: str, entries: Sequence[tuple[str, str, int]]
+    ) -> BatchResult:
+        self._check_batch([entry_id for entry_id, _, _ in entries])
+        result = BatchResult()
+        with self._changed:
+            self._begin("ChangeMessageVisibilityBatch")
+            queue = self._queue(name)
+            now = self.clock.monotonic()
+            for entry_id, handle, seconds in entries:
+                message, failure = self._owner(queue, handle)
+                if failure is not None or message is None or message.handle != handle:
+                    result.failed.append(
+                        EntryFailure(entry_id, "ReceiptHandleIsInvalid", "the handle is not valid")
+                    )
+                elif not message.in_flight(now):
+                    result.failed.append(
+                        EntryFailure(
+                            entry_id,
+                            "MessageNotInflight",
+                            "the message is not available for a visibility timeout change",
+                        )
+                    )
+                elif not 0 <= seconds <= MAX_VISIBILITY:
+                    result.failed.append(
+                        EntryFailure(
+                            entry_id, "InvalidParameterValue", "maximum visibility timeout is 43200"
+                        )
+                    )
+                elif message.received_at is not None and (
+                    now - message.received_at + seconds > MAX_VISIBILITY
+                ):
+                    result.failed.append(
+                        EntryFailure(
+                            entry_id,
+                            "InvalidParameterValue",
+                            "Total VisibilityTimeout for the message is beyond the limit "
+                            "[43200 seconds]",
+                        )
+                    )
+                else:
+                    message.visible_at = now + seconds
+                    result.succeeded.append(entry_id)
+            self._changed.notify_all()
+        return result
+
+    def send_batch(self, name: str, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        self._check_batch([str(i) for i in range(len(messages))])
+        result = BatchResult()
+        with self._changed:
+            self._begin("SendMessageBatch")
+            queue = self._queue(name)
+            size = sum(_size(m) for m in messages)
+            if size > queue.info.maximum_message_size:
+                raise _error(
+                    "BatchRequestTooLong",
+                    f"the batch is {size} bytes; the limit is {queue.info.maximum_message_size}",
+                )
+            for index, outgoing in enumerate(messages):
+                entry_id = str(index)
+                problem = self._invalid(queue, outgoing)
+                if problem is not None:
+                    code, text = problem
+                    result.failed.append(EntryFailure(entry_id, code, text))
+                    continue
+                result.message_ids[entry_id] = self._enqueue(queue, outgoing)
+                result.succeeded.append(entry_id)
+            self._changed.notify_all()
+        return result
+
+    @staticmethod
+    def _invalid(queue: _Queue, outgoing: OutgoingMessage) -> tuple[str, str] | None:
+        if not outgoing.body:
+            return "MissingParameter", "the message body must not be empty"
+        if _INVALID_BODY.search(outgoing.body):
+            return "InvalidMessageContents", "the message body contains characters SQS refuses"
+        if _size(outgoing) > queue.info.maximum_message_size:
+            return "InvalidParameterValue", "the message is larger than the queue's limit"
+        if not 0 <= outgoing.delay_seconds <= 900:
+            return "InvalidParameterValue", "DelaySeconds must be from 0 to 900"
+        if queue.info.fifo:
+            if outgoing.group_id is None:
+                return "MissingParameter", "a FIFO queue needs a MessageGroupId"
+            if outgoing.deduplication_id is None and not queue.content_dedup:
+                return "InvalidParameterValue", "a FIFO queue needs a MessageDeduplicationId"
+            if outgoing.delay_seconds:
+                return "InvalidParameterValue", "FIFO queues take no per-message delay"
+        return None
+
+    def _enqueue(self, queue: _Queue, outgoing: OutgoingMessage) -> str:
+        now = self.clock.monotonic()
+        dedup_id = outgoing.deduplication_id
+        if queue.info.fifo:
+            if dedup_id is None:
+                dedup_id = hashlib.sha256(outgoing.body.encode()).hexdigest()
+            queue.dedup = {k: v for k, v in queue.dedup.items() if v[0] > now}
+            if dedup_id in queue.dedup:
+                return queue.dedup[dedup_id][1]  # accepted, not delivered twice
+        message = _Message(
+            message_id=str(uuid.uuid4()),
+            body=outgoing.body,
+            message_attributes=dict(outgoing.message_attributes),
+            sent_at_ms=int(self.clock.time() * 1000),
+            visible_at=now + (outgoing.delay_seconds or queue.delay_seconds),
+            group_id=outgoing.group_id if queue.info.fifo else None,
+            deduplication_id=dedup_id if queue.info.fifo else None,
+            sequence_number=f"{next(queue.sequence):020d}" if queue.info.fifo else None,
+        )
+        if dedup_id is not None and queue.info.fifo:
+            queue.dedup[dedup_id] = (now + DEDUP_WINDOW, message.message_id)
+        queue.messages[message.message_id] = message
+        return message.message_id
+
+    def counts(self, name: str) -> QueueCounts:
+        with self._lock:
+            self._begin("GetQueueAttributes")
+            now = self.clock.monotonic()
+            messages = self._queue(name).messages.values()
+            in_flight = sum(1 for m in messages if m.in_flight(now))
+            delayed = sum(1 for m in messages if m.handle is None and m.visible_at > now)
+            return QueueCounts(len(messages) - in_flight - delayed, in_flight, delayed)
+
+
+def _size(outgoing: OutgoingMessage) -> int:
+    size = len(outgoing.body.encode())
+    for attr_name, value in outgoing.message_attributes.items():
+        size += len(attr_name.encode()) + len(str(value.get("DataType", "")).encode())
+        size += len(str(value.get("StringValue", value.get("BinaryValue", ""))).encode())
+    return size
+
+
+class MemoryTransport:
+    """A ``Transport`` bound to one queue of a ``MemorySQS``."""
+
+    def __init__(self, service: MemorySQS, info: QueueInfo) -> None:
+        self.service = service
+        self.info = info
+
+    def receive(
+        self,
+        max_messages: int,
+        wait_seconds: int,
+        visibility_timeout: int,
+        attempt_id: str | None = None,
+    ) -> list[Envelope]:
+        return self.service.receive(self.info.name, max_messages, wait_seconds, visibility_timeout)
+
+    def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        return self.service.delete_batch(self.info.name, entries)
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        return self.service.change_visibility_batch(self.info.name, entries)
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        return self.service.send_batch(self.info.name, messages)
+
+    def counts(self) -> QueueCounts:
+        return self.service.counts(self.info.name)
+
+    def open(self, queue: str) -> MemoryTransport:
+        return self.service.transport(queue)
+
+    def close(self) -> None:
+        pass

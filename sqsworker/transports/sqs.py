@@ -1,0 +1,296 @@
+"""The boto3 transport: the only module of sqsworker that talks to AWS.
+
+boto3's conventions hold: the default credential chain, AWS_REGION /
+AWS_DEFAULT_REGION, AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_SQS. botocore's own
+retries are turned off so that every attempt is one counted request; transient
+faults (throttling, 5xx, connection resets, timeouts) are retried here with
+tenacity, and every botocore error leaves this module as an sqsworker error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError,
+    HTTPClientError,
+    NoCredentialsError,
+    NoRegionError,
+    PartialCredentialsError,
+)
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from ..config import MAX_WAIT_TIME
+from ..errors import CredentialsError, QueueNotFound, StartupError, TransportError
+from . import BatchResult, EntryFailure, Envelope, OutgoingMessage, QueueCounts, QueueInfo
+
+T = TypeVar("T")
+
+THROTTLING_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "ServiceUnavailable",
+        "InternalError",
+        "InternalFailure",
+        "KMS.ThrottlingException",
+    }
+)
+QUEUE_MISSING_CODES = frozenset({"QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"})
+
+
+def translate(exc: Exception, action: str) -> Exception:
+    """Turn a botocore error into the sqsworker error that says what it means."""
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+        return CredentialsError(
+            "no usable AWS credentials were found: set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, choose a profile with AWS_PROFILE, or run with an IAM role"
+        )
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        retryable = code in THROTTLING_CODES or status >= 500
+        return TransportError(
+            f"{action} failed: {code}: {error.get('Message', '')}", code=code, retryable=retryable
+        )
+    if isinstance(exc, ConnectionError | HTTPClientError):
+        return TransportError(f"{action} failed: {exc}", code="ConnectionError", retryable=True)
+    return TransportError(f"{action} failed: {exc}", code=type(exc).__name__)
+
+
+class SQSTransport:
+    def __init__(
+        self,
+        client: Any,
+        info: QueueInfo,
+        *,
+        requests: Counter[str] | None = None,
+        attempts: int = 4,
+        owns_client: bool = True,
+    ) -> None:
+        self.client = client
+        self.info = info
+        self.requests: Counter[str] = requests if requests is not None else Counter()
+        self.attempts = attempts
+        self._owns_client = owns_client
+
+    @classmethod
+    def connect(
+        cls,
+        queue: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        max_connections: int = 10,
+        attempts: int = 4,
+    ) -> SQSTransport:
+        """Open ``queue`` (name, URL or ARN); fail with one clear sentence if it cannot work."""
+        config = Config(
+            retries={"max_attempts": 1, "mode": "standard"},  # retried here, each one counted
+            connect_timeout=5,
+            read_timeout=MAX_WAIT_TIME + 10,  # longer than the longest long poll
+            max_pool_connections=max_connections,
+        )
+        try:
+            client = boto3.session.Session().client(
+                "sqs", endpoint_url=endpoint_url, region_name=region, config=config
+            )
+        except NoRegionError:
+            raise StartupError(
+                "no AWS region was set: set AWS_REGION (or AWS_DEFAULT_REGION) or pass --region"
+            ) from None
+        except ValueError as exc:  # botocore's words for a malformed endpoint URL
+            raise StartupError(f"the endpoint URL {endpoint_url!r} is not usable: {exc}") from None
+        probe = cls(client, _placeholder(queue), attempts=attempts)
+        return probe._bind(queue, owns_client=True)
+
+    def _bind(self, queue: str, *, owns_client: bool) -> SQSTransport:
+        where = f"{self.client.meta.endpoint_url} (region {self.client.meta.region_name})"
+        try:
+            url = self._queue_url(queue)
+            raw = self._call("GetQueueAttributes", self.client.get_queue_attributes,
+                             QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        except TransportError as exc:
+            if exc.code in QUEUE_MISSING_CODES:
+                raise QueueNotFound(
+                    f"queue {queue!r} does not exist at {where}: create it, or check the queue "
+                    "name, the region and the endpoint URL"
+                ) from None
+            if exc.code == "ConnectionError":
+                raise StartupError(
+                    f"could not reach SQS at {where}: {exc}; check the endpoint URL and network"
+                ) from None
+            raise StartupError(f"cannot use queue {queue!r} at {where}: {exc}") from None
+        info = _queue_info(url, raw)
+        return SQSTransport(
+            self.client, info, requests=self.requests, attempts=self.attempts,
+            owns_client=owns_client,
+        )
+
+    def _queue_url(self, queue: str) -> str:
+        if queue.startswith(("https://", "http://")):
+            return queue
+        kwargs: dict[str, str] = {}
+        if queue.startswith("arn:"):
+            parts = queue.split(":")
+            if len(parts) != 6 or parts[2] != "sqs":
+                raise StartupError(f"{queue!r} is not an SQS queue ARN")
+            kwargs["QueueOwnerAWSAccountId"] = parts[4]
+            queue = parts[5]
+        response = self._call(
+            "GetQueueUrl", self.client.get_queue_url, QueueName=queue, **kwargs
+        )
+        return str(response["QueueUrl"])
+
+    def _call(self, action: str, method: Callable[..., T], **kwargs: Any) -> T:
+        retrying = Retrying(
+            retry=retry_if_exception(lambda e: isinstance(e, TransportError) and e.retryable),
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential_jitter(initial=0.1, max=2.0),
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                self.requests[action] += 1
+                try:
+                    return method(**kwargs)
+                except (ClientError, BotoCoreError) as exc:
+                    raise translate(exc, action) from exc
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    # -- Transport -------------------------------------------------------------
+
+    def receive(
+        self,
+        max_messages: int,
+        wait_seconds: int,
+        visibility_timeout: int,
+        attempt_id: str | None = None,
+    ) -> list[Envelope]:
+        kwargs: dict[str, Any] = {
+            "QueueUrl": self.info.url,
+            "MaxNumberOfMessages": max_messages,
+            "WaitTimeSeconds": wait_seconds,
+            "VisibilityTimeout": visibility_timeout,
+            "MessageSystemAttributeNames": ["All"],
+            "MessageAttributeNames": ["All"],
+        }
+        if attempt_id is not None and self.info.fifo:
+            kwargs["ReceiveRequestAttemptId"] = attempt_id
+        response = self._call("ReceiveMessage", self.client.receive_message, **kwargs)
+        return [
+            Envelope(
+                message_id=m["MessageId"],
+                receipt_handle=m["ReceiptHandle"],
+                body=m.get("Body", ""),
+                attributes=dict(m.get("Attributes", {})),
+                message_attributes=dict(m.get("MessageAttributes", {})),
+            )
+            for m in response.get("Messages", [])
+        ]
+
+    def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        response = self._call(
+            "DeleteMessageBatch",
+            self.client.delete_message_batch,
+            QueueUrl=self.info.url,
+            Entries=[{"Id": i, "ReceiptHandle": h} for i, h in entries],
+        )
+        return _batch_result(response)
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        response = self._call(
+            "ChangeMessageVisibilityBatch",
+            self.client.change_message_visibility_batch,
+            QueueUrl=self.info.url,
+            Entries=[
+                {"Id": i, "ReceiptHandle": h, "VisibilityTimeout": s} for i, h, s in entries
+            ],
+        )
+        return _batch_result(response)
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        entries: list[dict[str, Any]] = []
+        for index, message in enumerate(messages):
+            entry: dict[str, Any] = {"Id": str(index), "MessageBody": message.body}
+            if message.message_attributes:
+                entry["MessageAttributes"] = dict(message.message_attributes)
+            if message.delay_seconds:
+                entry["DelaySeconds"] = message.delay_seconds
+            if message.group_id is not None:
+                entry["MessageGroupId"] = message.group_id
+            if message.deduplication_id is not None:
+                entry["MessageDeduplicationId"] = message.deduplication_id
+            entries.append(entry)
+        response = self._call(
+            "SendMessageBatch", self.client.send_message_batch,
+            QueueUrl=self.info.url, Entries=entries,
+        )
+        result = _batch_result(response)
+        result.message_ids = {e["Id"]: e["MessageId"] for e in response.get("Successful", [])}
+        return result
+
+    def counts(self) -> QueueCounts:
+        names = [
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ]
+        raw = self._call(
+            "GetQueueAttributes", self.client.get_queue_attributes,
+            QueueUrl=self.info.url, AttributeNames=names,
+        )["Attributes"]
+        visible, in_flight, delayed = (int(raw.get(n, 0)) for n in names)
+        return QueueCounts(visible, in_flight, delayed)
+
+    def open(self, queue: str) -> SQSTransport:
+        return self._bind(queue, owns_client=False)
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
+
+
+def _placeholder(queue: str) -> QueueInfo:
+    return QueueInfo(url="", name=queue, arn="")
+
+
+def _queue_info(url: str, raw: Mapping[str, str]) -> QueueInfo:
+    redrive = json.loads(raw["RedrivePolicy"]) if raw.get("RedrivePolicy") else {}
+    arn = raw.get("QueueArn", "")
+    return QueueInfo(
+        url=url,
+        name=url.rstrip("/").rsplit("/", 1)[-1],
+        arn=arn,
+        fifo=raw.get("FifoQueue", "false").lower() == "true" or url.endswith(".fifo"),
+        visibility_timeout=int(raw.get("VisibilityTimeout", 30)),
+        maximum_message_size=int(raw.get("MaximumMessageSize", 1_048_576)),
+        dead_letter_arn=redrive.get("deadLetterTargetArn"),
+        max_receive_count=int(redrive["maxReceiveCount"]) if redrive else None,
+    )
+
+
+def _batch_result(response: Mapping[str, Any]) -> BatchResult:
+    return BatchResult(
+        succeeded=[e["Id"] for e in response.get("Successful", [])],
+        failed=[
+            EntryFailure(
+                id=e["Id"],
+                code=e.get("Code", ""),
+                message=e.get("Message", ""),
+                sender_fault=bool(e.get("SenderFault", False)),
+            )
+            for e in response.get("Failed", [])
+        ],
+    )

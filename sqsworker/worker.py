@@ -1,0 +1,319 @@
+"""The worker: a receive thread, a pool of handler threads, and the lease thread.
+
+Flow of one message: the receive thread long-polls (only while fewer than
+``concurrency + prefetch`` messages are held), hands the message to the lease
+thread, which keeps its visibility alive from that moment, and queues it for a
+handler thread. The handler's outcome goes back to the lease thread: delete on
+success, a delayed return on failure. The worker owns no signals; ``cli.py``
+does, so a ``Worker`` can run embedded in another program.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .clock import Clock, SystemClock
+from .config import WorkerConfig
+from .errors import Reject, Retry, StartupError, TransportError
+from .events import Observer
+from .handler import Handler, as_handler
+from .lease import Held, LeaseKeeper
+from .policies import Backoff
+from .transports import MAX_BATCH, OutgoingMessage, Transport, send_all
+
+if TYPE_CHECKING:
+    from .message import Message
+
+IDLE_PAUSE = 1.0  # between empty receives when --wait-time is 0
+MAX_ATTRIBUTES = 10  # SQS's limit of message attributes per message
+
+
+class Worker:
+    def __init__(
+        self,
+        handler: Handler | object,
+        config: WorkerConfig | None = None,
+        *,
+        transport: Transport | None = None,
+        clock: Clock | None = None,
+        observer: Observer | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.handler = as_handler(handler)
+        self.config = config or WorkerConfig(**self.handler.options)
+        self.clock: Clock = clock or SystemClock()
+        self.observer = observer or Observer()
+        self.backoff = backoff or Backoff(self.config.backoff_base, self.config.backoff_max)
+        self._transport = transport
+        self._dead_letter_queue: Transport | None = None
+        self.capacity = self.config.concurrency + self.config.prefetch
+
+        self._stopping = threading.Event()  # set once: no more receives
+        # _slots guards _pending, _unfinished and _closing; handler threads wait on it.
+        self._slots = threading.Condition()
+        self._pending: deque[Held] = deque()  # received, waiting for a handler thread
+        self._unfinished = 0  # received and not yet through a handler (or handed back)
+        self._closing = False  # handler threads exit when _pending is empty
+        self._threads: list[threading.Thread] = []
+        self._receiver: threading.Thread | None = None
+        self.keeper: LeaseKeeper | None = None
+
+    @property
+    def transport(self) -> Transport:
+        if self._transport is None:
+            raise RuntimeError("the worker is not started")
+        return self._transport
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect, check the queue, and start the threads. Raises ``StartupError``."""
+        if self._transport is None:
+            from .transports.sqs import SQSTransport
+
+            self._transport = SQSTransport.connect(
+                self.config.queue,
+                endpoint_url=self.config.endpoint_url,
+                region=self.config.region,
+                max_connections=self.config.concurrency + 4,
+            )
+        self.keeper = LeaseKeeper(
+            self.transport, self.clock, self.observer, delete_interval=self.config.delete_interval
+        )
+        self.keeper.start()
+        for index in range(self.config.concurrency):
+            thread = threading.Thread(
+                target=self._work, name=f"sqsworker-handler-{index}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        self._receiver = threading.Thread(
+            target=self._receive_loop, name="sqsworker-receiver", daemon=True
+        )
+        self._receiver.start()
+        self.observer.worker_started(self.transport.info, self.config)
+
+    def request_stop(self) -> None:
+        """Ask the worker to stop receiving; ``shutdown`` does the rest. Safe from any thread."""
+        self._stopping.set()
+        with self._slots:
+            self._slots.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a stop was requested or burst mode found the queue empty."""
+        return self._stopping.wait(timeout)
+
+    def run(self) -> int:
+        """Start, run until ``request_stop`` (or an empty queue in burst mode), shut down."""
+        self.start()
+        self.wait()
+        return self.shutdown()
+
+    def shutdown(self) -> int:
+        """Stop without losing or stranding a message. Returns 0 if every handler finished."""
+        assert self.keeper is not None and self._receiver is not None
+        deadline = self.clock.monotonic() + self.config.shutdown_timeout
+
+        # 1. Stop receiving. A long poll already under way ends by itself (within
+        #    --wait-time): the receive thread hands whatever it returns straight back.
+        self._stopping.set()
+        with self._slots:
+            waiting = list(self._pending)
+            self._pending.clear()
+            self._unfinished -= len(waiting)
+            self._closing = True
+            self._slots.notify_all()
+        running = self._unfinished
+        self.observer.shutdown_started(len(waiting), running)
+
+        # 2. Hand back the received-but-unstarted messages: visible to others at once.
+        self.keeper.hand_back(waiting)
+
+        # 3. Let running handlers finish; the lease thread keeps their leases alive.
+        with self._slots:
+            while self._unfinished > 0 and self.clock.monotonic() < deadline:
+                self.clock.wait(self._slots, deadline)
+            clean = self._unfinished == 0
+
+        # 4. Past the timeout, hand the still-running messages back for another worker.
+        overdue = [] if clean else self.keeper.running()
+        self.keeper.hand_back(overdue)
+
+        # 5. Wait out a long poll still under way, so none of its messages is stranded.
+        self._receiver.join(self.config.wait_time + 15)
+
+        # 6. Flush queued deletes and returns, then stop the lease thread.
+        unsettled = self.keeper.stop(give_up_after=max(5.0, deadline - self.clock.monotonic()))
+        self.transport.close()
+        self.observer.shutdown_finished(clean, len(waiting) + len(overdue), unsettled)
+        return 0 if clean else 1
+
+    # -- the receive thread --------------------------------------------------------------
+
+    def _receive_loop(self) -> None:
+        assert self.keeper is not None
+        batch = min(MAX_BATCH, self.capacity)
+        failures = 0
+        while True:
+            free = self._await_room(batch)
+            if free == 0:
+                return
+            began = self.clock.monotonic()
+            try:
+                envelopes = self.transport.receive(
+                    min(free, MAX_BATCH), self.config.wait_time, self.config.visibility_timeout
+                )
+            except TransportError as exc:
+                failures += 1
+                retry_in = min(30.0, 0.5 * 2 ** min(failures, 6))
+                self.observer.receive_failed(exc, retry_in)
+                self._pause(retry_in)
+                continue
+            failures = 0
+            if not envelopes:
+                self.observer.receive_empty()
+                if self.config.burst and self._queue_is_empty():
+                    self.observer.burst_finished()
+                    self.request_stop()
+                    return
+                if self.config.wait_time == 0:
+                    self._pause(IDLE_PAUSE)
+                continue
+            held = self.keeper.add(envelopes, began, self.config.visibility_timeout)
+            self.observer.received([h.message for h in held])
+            with self._slots:
+                if not self._closing:
+                    self._pending.extend(held)
+                    self._unfinished += len(held)
+                    self._slots.notify_all()
+                    continue
+            self.keeper.hand_back(held)  # shutdown began during the poll
+            return
+
+    def _await_room(self, batch: int) -> int:
+        """Wait until a full batch fits under the held-message bound; 0 when stopping."""
+        with self._slots:
+            while not self._stopping.is_set() and self.capacity - self._unfinished < batch:
+                self._slots.wait()
+            return 0 if self._stopping.is_set() else self.capacity - self._unfinished
+
+    def _pause(self, seconds: float) -> None:
+        deadline = self.clock.monotonic() + seconds
+        with self._slots:
+            while not self._stopping.is_set() and self.clock.monotonic() < deadline:
+                self.clock.wait(self._slots, deadline)
+
+    def _queue_is_empty(self) -> bool:
+        assert self.keeper is not None
+        with self._slots:
+            if self._unfinished:
+                return False
+        if self.keeper.held_count():
+            return False
+        try:
+            return self.transport.counts().total == 0
+        except TransportError as exc:
+            self.observer.request_failed("GetQueueAttributes", exc)
+            return False
+
+    # -- the handler threads -------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._slots:
+                while not self._pending and not self._closing:
+                    self._slots.wait()
+                if not self._pending:
+                    return
+                held = self._pending.popleft()
+            try:
+                self._process(held)
+            finally:
+                with self._slots:
+                    self._unfinished -= 1
+                    self._slots.notify_all()
+
+    def _process(self, held: Held) -> None:
+        assert self.keeper is not None
+        message = held.message
+        if not self.keeper.begin(held):
+            self.observer.handler_skipped(message, "its lease was lost while it waited to start")
+            return
+        self.observer.handler_started(message)
+        started = self.clock.monotonic()
+        try:
+            self.handler(message)
+        except Retry as exc:
+            self._fail(held, exc, started, delay=exc.delay)
+        except Exception as exc:
+            if isinstance(exc, Reject) or isinstance(exc, self.config.non_retryable):
+                self._reject(held, exc, started)
+            else:
+                self._fail(held, exc, started, delay=None)
+        except BaseException:
+            self.keeper.release(held, 0, "handler thread interrupted", urgent=True)
+            raise
+        else:
+            self.keeper.succeed(held)
+            self.observer.handler_succeeded(message, self.clock.monotonic() - started)
+
+    def _fail(self, held: Held, exc: BaseException, started: float, delay: float | None) -> None:
+        assert self.keeper is not None
+        message = held.message
+        limit = self.transport.info.max_receive_count
+        last = limit is not None and message.receive_count >= limit
+        if last:
+            delay = 0.0  # the next receive moves it to the dead-letter queue: no need to wait
+        elif delay is None:
+            delay = self.backoff.delay(message.receive_count)
+        self.keeper.release(held, delay, "retry")
+        self.observer.handler_failed(message, exc, self.clock.monotonic() - started, delay, last)
+
+    def _reject(self, held: Held, exc: BaseException, started: float) -> None:
+        """A non-retryable failure: to the dead-letter queue now, or kept if there is none."""
+        assert self.keeper is not None
+        message = held.message
+        duration = self.clock.monotonic() - started
+        target = self.transport.info.dead_letter_arn
+        if target is None:
+            # Nowhere safe to put it and deleting would lose it: keep it, retried rarely.
+            self.keeper.release(held, self.config.backoff_max, "rejected without a dead-letter queue")
+            self.observer.handler_rejected(message, exc, duration, None)
+            return
+        try:
+            dlq = self._dead_letters(target)
+            send_all(dlq, [_dead_letter_copy(message, exc)])
+        except (TransportError, StartupError) as error:
+            self.observer.request_failed("SendMessageBatch", _as_transport_error(error))
+            self._fail(held, exc, started, delay=None)
+            return
+        self.keeper.succeed(held)
+        self.observer.handler_rejected(message, exc, duration, dlq.info.name)
+
+    def _dead_letters(self, arn: str) -> Transport:
+        if self._dead_letter_queue is None:
+            self._dead_letter_queue = self.transport.open(arn)
+        return self._dead_letter_queue
+
+
+def _dead_letter_copy(message: Message, exc: BaseException) -> OutgoingMessage:
+    attributes = dict(message.raw_message_attributes)
+    notes = {
+        "sqsworker-error": f"{type(exc).__name__}: {exc}"[:1024],
+        "sqsworker-source-message-id": message.message_id,
+    }
+    for name, text in notes.items():
+        if len(attributes) < MAX_ATTRIBUTES:
+            attributes[name] = {"DataType": "String", "StringValue": text}
+    return OutgoingMessage(
+        body=message.body,
+        message_attributes=attributes,
+        group_id=message.group_id,
+        deduplication_id=message.message_id if message.group_id is not None else None,
+    )
+
+
+def _as_transport_error(error: Exception) -> TransportError:
+    return error if isinstance(error, TransportError) else TransportError(str(error))
