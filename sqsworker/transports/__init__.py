@@ -9,6 +9,7 @@ against both, so the model cannot drift from the real service.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ LEASE_LOST_CODES = frozenset(
     {"ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidReceiptHandle"}
 )
 MAX_BATCH = 10
+_BATCH_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,24 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def check_batch(ids: Sequence[str]) -> None:
+    """SQS's rules for the entries of a batch call; a breach refuses the whole call."""
+    from ..errors import TransportError
+
+    def refuse(code: str, text: str) -> TransportError:
+        return TransportError(f"{code}: {text}", code=code)
+
+    if not ids:
+        raise refuse("EmptyBatchRequest", "there should be at least one entry in the request")
+    if len(ids) > MAX_BATCH:
+        raise refuse("TooManyEntriesInBatchRequest", "at most 10 entries per batch")
+    if len(set(ids)) != len(ids):
+        raise refuse("BatchEntryIdsNotDistinct", "two or more entries have the same Id")
+    for entry_id in ids:
+        if not _BATCH_ID.match(entry_id):
+            raise refuse("InvalidBatchEntryId", f"batch entry id {entry_id!r} is not valid")
 
 
 def chunks(items: Sequence[Any], size: int = MAX_BATCH) -> list[Sequence[Any]]:

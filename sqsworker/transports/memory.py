@@ -31,10 +31,10 @@ from . import (
     OutgoingMessage,
     QueueCounts,
     QueueInfo,
+    check_batch,
 )
 
 DEDUP_WINDOW = 300.0
-_BATCH_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 # Characters SQS accepts in a message body.
 _INVALID_BODY = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -247,17 +247,6 @@ class MemorySQS:
             message_attributes=dict(message.message_attributes),
         )
 
-    def _check_batch(self, ids: Sequence[str]) -> None:
-        if not ids:
-            raise _error("EmptyBatchRequest", "there should be at least one entry in the request")
-        if len(ids) > MAX_BATCH:
-            raise _error("TooManyEntriesInBatchRequest", "at most 10 entries per batch")
-        if len(set(ids)) != len(ids):
-            raise _error("BatchEntryIdsNotDistinct", "two or more entries have the same Id")
-        for entry_id in ids:
-            if not _BATCH_ID.match(entry_id):
-                raise _error("InvalidBatchEntryId", f"batch entry id {entry_id!r} is not valid")
-
     def _owner(self, queue: _Queue, handle: str) -> tuple[_Message | None, EntryFailure | None]:
         """The message a handle names, or why the handle names none."""
         message_id = queue.handles.get(handle)
@@ -266,7 +255,7 @@ class MemorySQS:
         return queue.messages.get(message_id), None
 
     def delete_batch(self, name: str, entries: Sequence[tuple[str, str]]) -> BatchResult:
-        self._check_batch([entry_id for entry_id, _ in entries])
+        check_batch([entry_id for entry_id, _ in entries])
         result = BatchResult()
         with self._changed:
             self._begin("DeleteMessageBatch")
@@ -297,7 +286,7 @@ class MemorySQS:
     def change_visibility_batch(
         self, name: str, entries: Sequence[tuple[str, str, int]]
     ) -> BatchResult:
-        self._check_batch([entry_id for entry_id, _, _ in entries])
+        check_batch([entry_id for entry_id, _, _ in entries])
         result = BatchResult()
         with self._changed:
             self._begin("ChangeMessageVisibilityBatch")
@@ -341,7 +330,7 @@ class MemorySQS:
         return result
 
     def send_batch(self, name: str, messages: Sequence[OutgoingMessage]) -> BatchResult:
-        self._check_batch([str(i) for i in range(len(messages))])
+        check_batch([str(i) for i in range(len(messages))])
         result = BatchResult()
         with self._changed:
             self._begin("SendMessageBatch")

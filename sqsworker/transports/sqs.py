@@ -25,11 +25,25 @@ from botocore.exceptions import (
     NoRegionError,
     PartialCredentialsError,
 )
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
 
 from ..config import MAX_WAIT_TIME
 from ..errors import CredentialsError, QueueNotFound, StartupError, TransportError
-from . import BatchResult, EntryFailure, Envelope, OutgoingMessage, QueueCounts, QueueInfo
+from . import (
+    BatchResult,
+    EntryFailure,
+    Envelope,
+    OutgoingMessage,
+    QueueCounts,
+    QueueInfo,
+    check_batch,
+)
 
 T = TypeVar("T")
 
@@ -46,7 +60,15 @@ THROTTLING_CODES = frozenset(
         "KMS.ThrottlingException",
     }
 )
-QUEUE_MISSING_CODES = frozenset({"QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"})
+QUEUE_MISSING_CODES = frozenset({"QueueDoesNotExist", "NonExistentQueue"})
+# Sender faults in a batch that one bad entry can cause: the batch is split to find it.
+ENTRY_FAULT_CODES = frozenset({"InvalidParameterValue", "ReceiptHandleIsInvalid",
+                               "MessageNotInflight"})
+
+
+def error_code(raw: object) -> str:
+    """SQS's error code without the "AWS.SimpleQueueService." prefix some endpoints add."""
+    return str(raw or "").removeprefix("AWS.SimpleQueueService.")
 
 
 def translate(exc: Exception, action: str) -> Exception:
@@ -58,7 +80,7 @@ def translate(exc: Exception, action: str) -> Exception:
         )
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
-        code = str(error.get("Code", ""))
+        code = error_code(error.get("Code"))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         retryable = code in THROTTLING_CODES or status >= 500
         return TransportError(
@@ -157,7 +179,7 @@ class SQSTransport:
         retrying = Retrying(
             retry=retry_if_exception(lambda e: isinstance(e, TransportError) and e.retryable),
             stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential_jitter(initial=0.1, max=2.0),
+            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
             reraise=True,
         )
         for attempt in retrying:
@@ -201,6 +223,7 @@ class SQSTransport:
         ]
 
     def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        check_batch([entry_id for entry_id, _ in entries])
         response = self._call(
             "DeleteMessageBatch",
             self.client.delete_message_batch,
@@ -210,17 +233,33 @@ class SQSTransport:
         return _batch_result(response)
 
     def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
-        response = self._call(
-            "ChangeMessageVisibilityBatch",
-            self.client.change_message_visibility_batch,
-            QueueUrl=self.info.url,
-            Entries=[
-                {"Id": i, "ReceiptHandle": h, "VisibilityTimeout": s} for i, h, s in entries
-            ],
-        )
+        check_batch([entry_id for entry_id, _, _ in entries])
+        try:
+            response = self._call(
+                "ChangeMessageVisibilityBatch",
+                self.client.change_message_visibility_batch,
+                QueueUrl=self.info.url,
+                Entries=[
+                    {"Id": i, "ReceiptHandle": h, "VisibilityTimeout": s} for i, h, s in entries
+                ],
+            )
+        except TransportError as exc:
+            # Some endpoints refuse the whole call for one bad entry (e.g. past the 12-hour
+            # cap). Split it, so the entry's neighbours are not refused with it.
+            if exc.code not in ENTRY_FAULT_CODES:
+                raise
+            if len(entries) == 1:
+                return BatchResult(failed=[EntryFailure(entries[0][0], exc.code, str(exc))])
+            result = BatchResult()
+            for entry in entries:
+                part = self.change_visibility_batch([entry])
+                result.succeeded += part.succeeded
+                result.failed += part.failed
+            return result
         return _batch_result(response)
 
     def send_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        check_batch([str(i) for i in range(len(messages))])
         entries: list[dict[str, Any]] = []
         for index, message in enumerate(messages):
             entry: dict[str, Any] = {"Id": str(index), "MessageBody": message.body}
@@ -287,7 +326,7 @@ def _batch_result(response: Mapping[str, Any]) -> BatchResult:
         failed=[
             EntryFailure(
                 id=e["Id"],
-                code=e.get("Code", ""),
+                code=error_code(e.get("Code")),
                 message=e.get("Message", ""),
                 sender_fault=bool(e.get("SenderFault", False)),
             )

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sqsworker.clock import FakeClock
+from sqsworker.local import LocalSQS
+from sqsworker.transports.memory import MemorySQS
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
+    """Wait on state: return once ``predicate()`` holds; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    event = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what or predicate}")
+        event.wait(0.005)
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def local_sqs() -> Iterator[LocalSQS]:
+    with LocalSQS(port=0) as server:
+        yield server
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def memory(clock: FakeClock) -> MemorySQS:
+    return MemorySQS(clock)

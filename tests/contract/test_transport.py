@@ -1,0 +1,230 @@
+"""One contract, two transports: the in-memory model and moto's HTTP SQS server.
+
+Every test here runs against both, so the in-memory transport cannot drift from
+what a real endpoint does. Where moto and real SQS differ (docs/testing.md), the
+real behaviour is tested on the in-memory transport in tests/unit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from sqsworker.clock import FakeClock
+from sqsworker.errors import QueueNotFound, TransportError
+from sqsworker.local import LocalSQS
+from sqsworker.transports import Envelope, OutgoingMessage, Transport, send_all
+from sqsworker.transports.memory import MemorySQS
+from sqsworker.transports.sqs import SQSTransport
+
+from ..conftest import unique
+
+
+@dataclass
+class Env:
+    kind: str
+    memory: MemorySQS | None = None
+    clock: FakeClock | None = None
+    server: LocalSQS | None = None
+
+    def queue(self, name: str, *, max_receive_count: int | None = None, **attributes: str) -> Transport:
+        name = unique(name.removesuffix(".fifo")) + (".fifo" if name.endswith(".fifo") else "")
+        if self.memory is not None:
+            if name.endswith(".fifo"):
+                attributes["FifoQueue"] = "true"
+            if max_receive_count is None:
+                self.memory.create_queue(name, attributes)
+            else:
+                self.memory.create_queue_with_dlq(name, max_receive_count, **attributes)
+            return self.memory.transport(name)
+        assert self.server is not None
+        self.server.create_queue(name, max_receive_count=max_receive_count, **attributes)
+        return SQSTransport.connect(name, endpoint_url=self.server.endpoint_url, region="us-east-1")
+
+    def receive_after(self, transport: Transport, seconds: float, n: int = 10, vis: int = 30) -> list[Envelope]:
+        """Receive once ``seconds`` have passed: the fake clock moves; moto's long poll waits."""
+        if self.clock is not None:
+            self.clock.advance(seconds)
+            return transport.receive(n, 0, vis)
+        return transport.receive(n, min(20, int(seconds) + 3), vis)
+
+
+@pytest.fixture(params=["memory", "moto"])
+def env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    if request.param == "memory":
+        clock = FakeClock()
+        yield Env("memory", memory=MemorySQS(clock), clock=clock)
+    else:
+        server: LocalSQS = request.getfixturevalue("local_sqs")
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        yield Env("moto", server=server)
+
+
+def test_receive_returns_body_and_attributes_and_hides_the_message(env: Env) -> None:
+    q = env.queue("basic")
+    attrs: dict[str, Any] = {"tenant": {"DataType": "String", "StringValue": "acme"}}
+    send_all(q, [OutgoingMessage("hello", message_attributes=attrs)])
+    [m] = q.receive(10, 1, 30)
+    assert m.body == "hello"
+    assert m.message_attributes["tenant"]["StringValue"] == "acme"
+    assert m.receive_count == 1
+    assert int(m.attributes["SentTimestamp"]) > 0
+    assert q.receive(10, 0, 30) == []
+    assert q.counts().in_flight == 1
+
+
+def test_receive_returns_at_most_ten(env: Env) -> None:
+    q = env.queue("many")
+    send_all(q, [f"m{i}" for i in range(15)])
+    first = q.receive(10, 1, 30)
+    assert 1 <= len(first) <= 10
+    got = {m.body for m in first}
+    while len(got) < 15:
+        got |= {m.body for m in q.receive(10, 1, 30)}
+    assert got == {f"m{i}" for i in range(15)}
+
+
+def test_expired_visibility_redelivers_with_new_handle_and_count(env: Env) -> None:
+    q = env.queue("expire")
+    send_all(q, ["x"])
+    [first] = q.receive(1, 1, 1)
+    [second] = env.receive_after(q, 1.1, 1, 30)
+    assert second.message_id == first.message_id
+    assert second.receive_count == 2
+    assert second.receipt_handle != first.receipt_handle
+
+
+def test_visibility_zero_hands_the_message_back_at_once(env: Env) -> None:
+    q = env.queue("handback")
+    send_all(q, ["x"])
+    [m] = q.receive(1, 1, 30)
+    result = q.change_visibility_batch([("a", m.receipt_handle, 0)])
+    assert result.succeeded == ["a"] and not result.failed
+    [again] = q.receive(1, 0, 30)
+    assert again.message_id == m.message_id
+
+
+def test_extension_restarts_the_countdown_from_now(env: Env) -> None:
+    q = env.queue("extend")
+    send_all(q, ["x"])
+    [m] = q.receive(1, 1, 1)
+    assert q.change_visibility_batch([("a", m.receipt_handle, 30)]).succeeded == ["a"]
+    assert env.receive_after(q, 1.5, 1, 30) == []
+
+
+def test_delete_with_the_current_handle_removes_the_message(env: Env) -> None:
+    q = env.queue("delete")
+    send_all(q, ["x", "y"])
+    got = q.receive(10, 1, 30)
+    while len(got) < 2:
+        got += q.receive(10, 1, 30)
+    result = q.delete_batch([(str(i), m.receipt_handle) for i, m in enumerate(got)])
+    assert sorted(result.succeeded) == ["0", "1"]
+    assert q.counts().total == 0
+
+
+def test_invalid_handle_fails_its_entry_not_the_batch(env: Env) -> None:
+    q = env.queue("entries")
+    send_all(q, ["x"])
+    [m] = q.receive(1, 1, 30)
+    result = q.change_visibility_batch([("good", m.receipt_handle, 60), ("bad", "garbage", 60)])
+    assert result.succeeded == ["good"]
+    [failure] = result.failed
+    assert failure.id == "bad" and failure.lease_lost
+
+
+@pytest.mark.parametrize(
+    ("entries", "code"),
+    [
+        ([], "EmptyBatchRequest"),
+        ([(str(i), f"h{i}") for i in range(11)], "TooManyEntriesInBatchRequest"),
+    ],
+)
+def test_malformed_batches_are_refused_whole(env: Env, entries: list[tuple[str, str]], code: str) -> None:
+    q = env.queue("batchrules")
+    with pytest.raises(TransportError) as raised:
+        q.delete_batch(entries)
+    assert raised.value.code == code
+
+
+def test_visibility_beyond_twelve_hours_is_refused_not_clamped(env: Env) -> None:
+    q = env.queue("cap")
+    send_all(q, ["x"])
+    [m] = q.receive(1, 1, 60)
+    if env.clock is not None:
+        env.clock.advance(10)
+    else:
+        env.receive_after(q, 1.0)  # let a second pass since the receive
+    result = q.change_visibility_batch([("a", m.receipt_handle, 43200)])
+    [failure] = result.failed
+    assert failure.code == "InvalidParameterValue"
+
+
+def test_redrive_moves_the_message_after_max_receives(env: Env) -> None:
+    q = env.queue("redrive", max_receive_count=2)
+    assert q.info.max_receive_count == 2 and q.info.dead_letter_arn
+    send_all(q, ["poison"])
+    for _ in range(2):
+        [m] = env.receive_after(q, 0, 1, 30)
+        q.change_visibility_batch([("a", m.receipt_handle, 0)])
+    assert q.receive(1, 0, 30) == []
+    dlq = q.open(q.info.dead_letter_arn or "")
+    [dead] = env.receive_after(dlq, 0)
+    assert dead.body == "poison"
+
+
+def test_counts_tell_visible_in_flight_and_delayed(env: Env) -> None:
+    q = env.queue("counts")
+    send_all(q, ["a", "b", OutgoingMessage("later", delay_seconds=60)])
+    [m] = q.receive(1, 1, 30)
+    counts = q.counts()
+    assert (counts.visible, counts.in_flight, counts.delayed) == (1, 1, 1)
+    assert m.body in {"a", "b"}
+
+
+def test_fifo_delivers_no_later_message_of_a_group_in_flight(env: Env) -> None:
+    q = env.queue("order.fifo")
+    assert q.info.fifo
+    send_all(q, [
+        OutgoingMessage("a1", group_id="a", deduplication_id="a1"),
+        OutgoingMessage("a2", group_id="a", deduplication_id="a2"),
+        OutgoingMessage("b1", group_id="b", deduplication_id="b1"),
+    ])
+    [first] = q.receive(1, 1, 30)
+    assert first.body == "a1" and first.attributes["MessageGroupId"] == "a"
+    [second] = q.receive(1, 1, 30)
+    assert second.body == "b1"
+    assert q.receive(10, 0, 30) == []
+    q.delete_batch([("x", first.receipt_handle)])
+    [third] = q.receive(10, 1, 30)
+    assert third.body == "a2"
+
+
+def test_fifo_drops_a_repeated_deduplication_id(env: Env) -> None:
+    q = env.queue("dedup.fifo")
+    send_all(q, [OutgoingMessage("same", group_id="g", deduplication_id="d1")] * 2)
+    assert len(q.receive(10, 1, 30)) == 1
+    assert q.counts().total == 1
+
+
+def test_queue_info_reads_the_redrive_policy(env: Env) -> None:
+    q = env.queue("info", max_receive_count=5, VisibilityTimeout="45")
+    assert q.info.visibility_timeout == 45
+    assert q.info.max_receive_count == 5
+    assert q.info.dead_letter_arn and q.info.dead_letter_arn.endswith("-dlq")
+    assert json.dumps(q.info.url)
+
+
+def test_unknown_queue_is_refused_clearly(env: Env) -> None:
+    with pytest.raises(QueueNotFound) as raised:
+        if env.memory is not None:
+            env.memory.transport("no-such-queue")
+        else:
+            assert env.server is not None
+            SQSTransport.connect("no-such-queue", endpoint_url=env.server.endpoint_url)
+    assert "no-such-queue" in str(raised.value)
