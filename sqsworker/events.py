@@ -107,6 +107,7 @@ class Tally(Observer):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
+        self.deleted_receives: list[tuple[str, int]] = []  # (message id, receive count)
 
     def _add(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -117,6 +118,15 @@ class Tally(Observer):
 
     def receive_empty(self) -> None:
         self._add("empty_receives")
+
+    def receive_failed(self, error: TransportError, retry_in: float) -> None:
+        self._add("receive_failures")
+
+    def request_failed(self, action: str, error: TransportError) -> None:
+        self._add("request_failures")
+
+    def lease_near_cap(self, message: Message, seconds_left: float) -> None:
+        self._add("near_cap")
 
     def handler_succeeded(self, message: Message, duration: float) -> None:
         self._add("succeeded")
@@ -139,6 +149,8 @@ class Tally(Observer):
 
     def deleted(self, messages: Sequence[Message]) -> None:
         self._add("deleted", len(messages))
+        with self._lock:
+            self.deleted_receives += [(m.message_id, m.receive_count) for m in messages]
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         self._add("delete_failures")

@@ -66,6 +66,12 @@ class Worker:
             raise RuntimeError("the worker is not started")
         return self._transport
 
+    @property
+    def in_hand(self) -> int:
+        """Messages received and not yet through a handler: running plus waiting to start."""
+        with self._slots:
+            return self._unfinished
+
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sqsworker import Backoff, Message, Worker, WorkerConfig
+from sqsworker.clock import FakeClock
+from sqsworker.events import Tally
+from sqsworker.transports import send_all
+from sqsworker.transports.memory import MemorySQS
+
+from ..conftest import wait_until
+
+
+class Rig:
+    """A worker on the in-memory SQS with a fake clock, and what a test needs around it."""
+
+    def __init__(
+        self,
+        memory: MemorySQS,
+        clock: FakeClock,
+        handler: Callable[[Message], Any],
+        *,
+        dead_letter: bool = True,
+        max_receive_count: int = 3,
+        **options: Any,
+    ) -> None:
+        self.memory, self.clock = memory, clock
+        if dead_letter:
+            memory.create_queue_with_dlq("jobs", max_receive_count)
+        else:
+            memory.create_queue("jobs")
+        self.queue = memory.transport("jobs")
+        self.dlq = memory.transport("jobs-dlq") if dead_letter else None
+        self.tally = Tally()
+        settings: dict[str, Any] = {
+            "queue": "jobs", "wait_time": 0, "delete_interval": 0, "visibility_timeout": 10,
+            "concurrency": 2,
+        }
+        self.worker = Worker(
+            handler,
+            WorkerConfig(**{**settings, **options}),
+            transport=memory.transport("jobs"),
+            clock=clock,
+            observer=self.tally,
+            backoff=Backoff(2.0, 900.0, random.Random(7)),
+        )
+
+    def send(self, *bodies: str) -> None:
+        send_all(self.queue, list(bodies))
+
+    def count(self, key: str) -> int:
+        return self.tally.counts[key]
+
+    def wait_for(self, key: str, n: int) -> None:
+        wait_until(lambda: self.count(key) >= n, what=f"{key} >= {n} (have {dict(self.tally.counts)})")
+
+    def advance_until(self, predicate: Callable[[], bool], step: float = 1.0, limit: int = 200) -> None:
+        """Move the fake clock a step at a time until ``predicate`` holds."""
+        for _ in range(limit):
+            if predicate():
+                return
+            self.clock.advance(step)
+            threading.Event().wait(0.002)
+        wait_until(predicate, timeout=2)
+
+    def stop(self) -> int:
+        self.worker.request_stop()
+        result: list[int] = []
+        thread = threading.Thread(target=lambda: result.append(self.worker.shutdown()))
+        thread.start()
+        thread.join(10)
+        assert result, "shutdown did not finish"
+        return result[0]

@@ -1,0 +1,331 @@
+"""The worker on the in-memory SQS, driven by a fake clock."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from sqsworker import Message, Reject, Retry
+from sqsworker.clock import FakeClock
+from sqsworker.errors import TransportError
+from sqsworker.transports.memory import MemorySQS
+
+from ..conftest import wait_until
+from .helpers import Rig
+
+
+def test_success_deletes_each_message_once_in_batches(memory: MemorySQS, clock: FakeClock) -> None:
+    seen: list[str] = []
+    rig = Rig(memory, clock, lambda m: seen.append(m.body), concurrency=10)
+    rig.send(*[f"m{i}" for i in range(10)])
+    rig.worker.start()
+    rig.wait_for("deleted", 10)
+    assert sorted(seen) == sorted(f"m{i}" for i in range(10))
+    assert rig.queue.counts().total == 0
+    assert memory.requests["DeleteMessageBatch"] == 1
+    assert memory.requests["ChangeMessageVisibilityBatch"] == 0  # fast handlers need no renewal
+    assert rig.stop() == 0
+
+
+def test_failure_returns_the_message_after_backoff(memory: MemorySQS, clock: FakeClock) -> None:
+    counts: list[int] = []
+
+    def flaky(message: Message) -> None:
+        counts.append(message.receive_count)
+        if message.receive_count == 1:
+            raise ValueError("first attempt fails")
+
+    rig = Rig(memory, clock, flaky)
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("returned", 1)
+    assert rig.queue.counts().in_flight == 1  # hidden for the backoff, not lost
+    rig.advance_until(lambda: rig.count("deleted") == 1)
+    assert counts == [1, 2]
+    assert rig.queue.counts().total == 0
+    rig.stop()
+
+
+def test_retry_sets_an_explicit_delay(memory: MemorySQS, clock: FakeClock) -> None:
+    runs: list[float] = []
+
+    def later(message: Message) -> None:
+        runs.append(clock.monotonic())
+        if message.receive_count == 1:
+            raise Retry(delay=100)
+
+    rig = Rig(memory, clock, later)
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("returned", 1)
+    rig.advance_until(lambda: rig.count("deleted") == 1, step=5)
+    assert runs[1] - runs[0] >= 100
+
+
+def test_last_attempt_returns_at_once_and_redrive_moves_it(memory: MemorySQS, clock: FakeClock) -> None:
+    def always_fails(message: Message) -> None:
+        raise RuntimeError("poison")
+
+    rig = Rig(memory, clock, always_fails, max_receive_count=2)
+    rig.send("poison")
+    rig.worker.start()
+    assert rig.dlq is not None
+    rig.advance_until(lambda: rig.dlq is not None and rig.dlq.counts().visible == 1)
+    assert rig.count("failed") == 2
+    assert rig.queue.counts().total == 0
+    rig.stop()
+
+
+@pytest.mark.parametrize("body", ["not json", '{"ok": true}'])
+def test_reject_goes_straight_to_the_dead_letter_queue(memory: MemorySQS, clock: FakeClock, body: str) -> None:
+    def handler(message: Message) -> None:
+        message.json()  # a body that is not JSON raises MessageDecodeError, a Reject
+        raise Reject("cannot ever work")
+
+    rig = Rig(memory, clock, handler, max_receive_count=5)
+    rig.send(body)
+    rig.worker.start()
+    rig.wait_for("deleted", 1)
+    assert rig.dlq is not None
+    [dead] = rig.dlq.receive(1, 0, 30)
+    assert dead.body == body
+    error = dead.message_attributes["sqsworker-error"]["StringValue"]
+    assert error.startswith("MessageDecodeError" if body == "not json" else "Reject")
+    assert rig.count("failed") == 0 and rig.count("dead_lettered") == 1
+    assert rig.queue.counts().total == 0
+    rig.stop()
+
+
+def test_configured_exception_types_are_not_retried(memory: MemorySQS, clock: FakeClock) -> None:
+    def handler(message: Message) -> None:
+        raise KeyError("missing field")
+
+    rig = Rig(memory, clock, handler, non_retryable=(KeyError,))
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("dead_lettered", 1)
+    assert rig.count("failed") == 0
+    rig.stop()
+
+
+def test_reject_without_a_dead_letter_queue_keeps_the_message(memory: MemorySQS, clock: FakeClock) -> None:
+    def handler(message: Message) -> None:
+        raise Reject("poison")
+
+    rig = Rig(memory, clock, handler, dead_letter=False)
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("returned", 1)
+    assert rig.queue.counts().in_flight == 1  # kept, hidden for the longest backoff
+    clock.advance(899)
+    assert rig.queue.counts().in_flight == 1
+    rig.stop()
+
+
+def test_a_slow_handler_keeps_its_lease(memory: MemorySQS, clock: FakeClock) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(message: Message) -> None:
+        started.set()
+        release.wait(30)
+
+    rig = Rig(memory, clock, slow, visibility_timeout=10)
+    rig.send("x")
+    rig.worker.start()
+    assert started.wait(10)
+    other = memory.transport("jobs")
+    for step in range(1, 9):  # 40 s: four times the visibility timeout
+        clock.advance(5)
+        rig.wait_for("lease_extensions", step)
+        assert other.receive(10, 0, 30) == []
+    release.set()
+    rig.wait_for("deleted", 1)
+    assert rig.count("leases_lost") == 0
+    assert rig.queue.counts().total == 0
+    rig.stop()
+
+
+def test_lease_lost_when_renewals_keep_failing(memory: MemorySQS, clock: FakeClock) -> None:
+    release = threading.Event()
+    seen: list[Message] = []
+
+    def slow(message: Message) -> None:
+        seen.append(message)
+        release.wait(30)
+
+    memory_fault = TransportError("ServiceUnavailable", code="ServiceUnavailable", retryable=True)
+    rig = Rig(memory, clock, slow, visibility_timeout=10, concurrency=1, prefetch=0)
+    memory.inject_fault("ChangeMessageVisibilityBatch", memory_fault, times=1000)
+    rig.send("x")
+    rig.worker.start()
+    wait_until(lambda: bool(seen))
+    rig.advance_until(lambda: rig.count("leases_lost") == 1)
+    assert seen[0].lease.lost and seen[0].lease.seconds_left == 0
+    [stolen] = memory.transport("jobs").receive(1, 0, 30)  # another consumer takes it
+    assert stolen.receive_count == 2
+    release.set()
+    rig.wait_for("delete_failures", 1)
+    assert rig.count("deleted") == 0  # never reported done
+    assert rig.queue.counts().in_flight == 1  # still the other consumer's
+    rig.stop()
+
+
+def test_a_stalled_lease_thread_loses_the_lease_not_the_message(memory: MemorySQS, clock: FakeClock) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(message: Message) -> None:
+        started.set()
+        release.wait(30)
+
+    rig = Rig(memory, clock, slow, visibility_timeout=10)
+    rig.send("x")
+    rig.worker.start()
+    assert started.wait(10)
+    clock.advance(11)  # a pause longer than the lease, as a long GC pause would be
+    rig.wait_for("leases_lost", 1)
+    release.set()
+    rig.wait_for("delete_failures", 1)
+    rig.advance_until(lambda: rig.queue.counts().total == 0)
+    # The lost first attempt is never reported done; a redelivery may finish the work.
+    assert all(receive > 1 for _, receive in rig.tally.deleted_receives)
+    rig.stop()
+
+
+def test_handler_can_ask_for_more_time(memory: MemorySQS, clock: FakeClock) -> None:
+    release = threading.Event()
+    left: list[float] = []
+
+    def encode(message: Message) -> None:
+        left.append(message.lease.extend(600))
+        release.wait(30)
+
+    rig = Rig(memory, clock, encode, visibility_timeout=10)
+    rig.send("video")
+    rig.worker.start()
+    wait_until(lambda: bool(left))
+    assert 590 <= left[0] <= 600
+    clock.advance(100)  # ten visibility timeouts, and no renewal was due yet
+    assert memory.transport("jobs").receive(10, 0, 30) == []
+    release.set()
+    rig.wait_for("deleted", 1)
+    rig.stop()
+
+
+def test_renewals_never_ask_past_the_twelve_hour_cap(memory: MemorySQS, clock: FakeClock) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def endless(message: Message) -> None:
+        started.set()
+        release.wait(60)
+
+    rig = Rig(memory, clock, endless, visibility_timeout=3600)
+    rig.send("x")
+    rig.worker.start()
+    assert started.wait(10)
+    rig.advance_until(lambda: rig.count("leases_lost") == 1, step=600, limit=100)
+    # Lost only at the cap, after a warning, with no refused renewal on the way.
+    assert clock.monotonic() - 1_000_000.0 >= 43_200 - 600
+    assert rig.count("near_cap") == 1
+    assert rig.count("request_failures") == 0
+    release.set()
+    rig.stop()
+
+
+def test_shutdown_hands_back_unstarted_and_finishes_running(memory: MemorySQS, clock: FakeClock) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(message: Message) -> None:
+        started.set()
+        release.wait(30)
+
+    rig = Rig(memory, clock, slow, concurrency=1, prefetch=5)
+    rig.send(*[f"m{i}" for i in range(5)])
+    rig.worker.start()
+    assert started.wait(10)
+    wait_until(lambda: rig.worker.in_hand == 5)
+    result: list[int] = []
+    stopper = threading.Thread(target=lambda: result.append(rig.stop()))
+    stopper.start()
+    wait_until(lambda: rig.queue.counts().visible == 4, what="unstarted messages handed back")
+    assert not result  # still waiting for the running handler
+    release.set()
+    stopper.join(10)
+    assert result == [0]
+    assert rig.count("deleted") == 1 and rig.count("handed_back") == 4
+    assert rig.queue.counts().total == 4 and rig.queue.counts().in_flight == 0
+
+
+def test_shutdown_past_its_timeout_hands_back_running_messages(memory: MemorySQS, clock: FakeClock) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def stuck(message: Message) -> None:
+        started.set()
+        release.wait(30)
+
+    rig = Rig(memory, clock, stuck, shutdown_timeout=5)
+    rig.send("x")
+    rig.worker.start()
+    assert started.wait(10)
+    rig.worker.request_stop()
+    result: list[int] = []
+    stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
+    stopper.start()
+    while stopper.is_alive():
+        clock.advance(1)
+        stopper.join(0.01)
+    assert result == [1]
+    assert rig.queue.counts().visible == 1  # handed back, ready for another worker
+    release.set()
+
+
+def test_held_messages_stay_within_concurrency_plus_prefetch(memory: MemorySQS, clock: FakeClock) -> None:
+    peak: list[int] = []
+    rig: Rig
+
+    def handler(message: Message) -> None:
+        peak.append(rig.worker.in_hand)
+
+    rig = Rig(memory, clock, handler, concurrency=2, prefetch=1)
+    rig.send(*[f"m{i}" for i in range(30)])
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 30)
+    assert max(peak) <= 3
+    rig.stop()
+
+
+def test_receive_errors_are_retried_and_nothing_is_lost(memory: MemorySQS, clock: FakeClock) -> None:
+    fault = TransportError("RequestThrottled", code="RequestThrottled", retryable=True)
+    memory.inject_fault("ReceiveMessage", fault, times=3)
+    rig = Rig(memory, clock, lambda m: None)
+    rig.send("x")
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 1)
+    assert rig.count("receive_failures") == 3
+    rig.stop()
+
+
+def test_a_failed_delete_is_retried_not_dropped(memory: MemorySQS, clock: FakeClock) -> None:
+    fault = TransportError("InternalError", code="InternalError", retryable=True)
+    memory.inject_fault("DeleteMessageBatch", fault, times=2)
+    rig = Rig(memory, clock, lambda m: None)
+    rig.send("x")
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 1)
+    assert rig.count("request_failures") == 2
+    assert rig.queue.counts().total == 0
+    rig.stop()
+
+
+def test_burst_mode_stops_once_the_queue_is_empty(memory: MemorySQS, clock: FakeClock) -> None:
+    rig = Rig(memory, clock, lambda m: None, burst=True)
+    rig.send("a", "b", "c")
+    rig.worker.start()
+    rig.advance_until(lambda: rig.worker.wait(0))
+    assert rig.worker.shutdown() == 0
+    assert rig.count("deleted") == 3
