@@ -232,25 +232,31 @@ class LeaseKeeper:
         ops = ready if flush else []
         if ops:
             self._ops = [op for op in self._ops if op not in ops]
-        returning = {id(op.held) for op in self._ops + ops if op.action == "return"}
-        renewable = [
-            h
-            for h in self._held.values()
-            if id(h) not in returning and h.state is not State.LOST and h.renew_at < math.inf
-        ]
+        renewable = self._renewable(also_returning=ops)
         renewals: list[Held] = []
         if any(h.renew_at <= now for h in renewable):
             renewals = [h for h in renewable if h.renew_at <= now + h.timeout / 4]
         return ops, renewals
 
+    def _renewable(self, also_returning: Sequence[_Op] = ()) -> list[Held]:
+        """Held messages whose lease is ours to renew: not lost, not at the cap, not returning."""
+        returning = {id(op.held) for op in [*self._ops, *also_returning] if op.action == "return"}
+        return [
+            h
+            for h in self._held.values()
+            if id(h) not in returning and h.state is not State.LOST and h.renew_at < math.inf
+        ]
+
     def _next_deadline(self, now: float) -> float | None:
-        deadlines = [op.queued_at + self.delete_interval for op in self._ops]
-        deadlines += [op.not_before for op in self._ops if op.not_before > now]
-        for held in self._held.values():
-            if held.state is not State.LOST:
-                deadlines.append(held.expires_at)
-                if held.renew_at < math.inf:
-                    deadlines.append(held.renew_at)
+        """The earliest moment ``_due`` or ``_expire`` can find work: exactly their rules."""
+        deadlines = [
+            op.not_before if op.urgent else max(op.not_before, op.queued_at + self.delete_interval)
+            for op in self._ops
+        ]
+        deadlines += [h.renew_at for h in self._renewable()]
+        deadlines += [
+            h.expires_at for h in self._held.values() if h.state in (State.WAITING, State.RUNNING)
+        ]
         if self._give_up_at is not None:
             deadlines.append(self._give_up_at)
         return min(deadlines) if deadlines else None

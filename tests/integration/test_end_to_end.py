@@ -1,0 +1,176 @@
+"""`sqsworker run` processes against a real HTTP SQS endpoint (moto's server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sqsworker.local import LocalSQS
+from sqsworker.transports import Transport, send_all
+from sqsworker.transports.sqs import SQSTransport
+
+from ..conftest import unique, wait_until
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+
+    def lines(self) -> list[list[str]]:
+        return [line.split() for line in self.path.read_text().splitlines()]
+
+    def count(self, event: str, kind: str | None = None) -> Counter[str]:
+        return Counter(
+            f"{k} {i}" for e, k, i, _, _ in self.lines() if e == event and kind in (None, k)
+        )
+
+
+class Scenario:
+    def __init__(self, server: LocalSQS, tmp_path: Path, *, max_receive_count: int = 3, visibility: int = 2):
+        self.server = server
+        self.name = unique("orders")
+        server.create_queue(self.name, max_receive_count=max_receive_count, visibility_timeout=visibility)
+        self.queue: Transport = SQSTransport.connect(self.name, endpoint_url=server.endpoint_url, region="us-east-1")
+        self.dlq: Transport = self.queue.open(self.name + "-dlq")
+        self.ledger = Ledger(tmp_path / "ledger.txt")
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def send(self, kind: str, count: int, **extra: Any) -> None:
+        start = sum(1 for _ in self.ledger.lines())  # ids only need to be unique per kind
+        send_all(self.queue, [json.dumps({"kind": kind, "id": start + i, **extra}) for i in range(count)])
+
+    def worker(self, *args: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **self.server.env(), "LEDGER": str(self.ledger.path), "PYTHONPATH": str(ROOT)}
+        with open(self.tmp_path / f"worker-{len(self.procs)}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sqsworker.cli", "run", "tests.integration.apps:work",
+                 "--queue", self.name, "--wait-time", "1", *args],
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            )
+        self.procs.append(proc)
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.tmp_path.glob("worker-*.log")))
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def scenario(local_sqs: LocalSQS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scenario]:
+    for key, value in local_sqs.env().items():
+        monkeypatch.setenv(key, value)
+    made = Scenario(local_sqs, tmp_path)
+    yield made
+    made.close()
+
+
+def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(scenario: Scenario) -> None:
+    scenario.send("normal", 20)
+    scenario.send("slow", 4, sleep=6)  # three times the 2 s visibility timeout
+    scenario.send("fail", 2)
+    options = ["--visibility-timeout", "2", "--concurrency", "4", "--burst",
+               "--backoff-base", "0.2", "--backoff-max", "1"]
+    workers = [scenario.worker(*options), scenario.worker(*options)]
+    wait_until(lambda: all(w.poll() is not None for w in workers), timeout=90, what="both workers to drain the queue")
+    assert [w.returncode for w in workers] == [0, 0], scenario.logs()
+
+    done = scenario.ledger.count("done")
+    started = scenario.ledger.count("start")
+    for kind, n in (("normal", 20), ("slow", 4)):
+        ids = [key for key in started if key.startswith(kind)]
+        assert len(ids) == n
+        assert all(started[key] == 1 and done[key] == 1 for key in ids), (kind, started, done)
+    failing = [key for key in started if key.startswith("fail")]
+    assert len(failing) == 2 and all(started[key] == 3 for key in failing)  # maxReceiveCount
+    assert scenario.queue.counts().total == 0
+    dead = []
+    while batch := scenario.dlq.receive(10, 1, 30):
+        dead += batch
+    assert sorted(json.loads(m.body)["kind"] for m in dead) == ["fail", "fail"]
+    assert "leases lost" not in scenario.logs()
+
+
+def test_sigterm_hands_back_unstarted_and_lets_running_finish(scenario: Scenario) -> None:
+    scenario.send("slow", 10, sleep=3)
+    worker = scenario.worker("--visibility-timeout", "30", "--concurrency", "2", "--prefetch", "8")
+    wait_until(lambda: len(scenario.ledger.count("start")) == 2, timeout=30, what="two handlers to start")
+    wait_until(lambda: scenario.queue.counts().in_flight == 10, what="all ten held")
+    signalled = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    wait_until(lambda: scenario.queue.counts().visible == 8, timeout=10, what="eight handed back")
+    handed_back_after = time.monotonic() - signalled
+    # Handed back while the running handlers still ran: nothing waited for them.
+    assert not scenario.ledger.count("done")
+    assert worker.wait(30) == 0, scenario.logs()
+    assert sum(scenario.ledger.count("done").values()) == 2
+    counts = scenario.queue.counts()
+    assert (counts.visible, counts.in_flight) == (8, 0)
+    print(f"\nSIGTERM -> 8 unstarted messages visible again after {handed_back_after:.2f} s")
+
+
+def test_after_kill_9_another_worker_finishes_the_messages(scenario: Scenario) -> None:
+    scenario.send("slow", 4, sleep=2)
+    victim = scenario.worker("--visibility-timeout", "3", "--concurrency", "4")
+    wait_until(lambda: len(scenario.ledger.count("start")) == 4, timeout=30, what="four handlers to start")
+    victim.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    victim.wait()
+    assert not scenario.ledger.count("done")
+    rescuer = scenario.worker("--visibility-timeout", "3", "--concurrency", "4", "--burst")
+    wait_until(lambda: len(scenario.ledger.count("done")) == 4, timeout=60, what="the rescuer to finish them")
+    recovered_after = time.monotonic() - killed
+    assert rescuer.wait(30) == 0, scenario.logs()
+    assert scenario.queue.counts().total == 0
+    assert all(n == 1 for n in scenario.ledger.count("done").values())
+    print(f"\nSIGKILL -> all 4 messages finished by another worker after {recovered_after:.2f} s "
+          "(visibility timeout 3 s, handlers 2 s)")
+
+
+def test_a_missing_queue_fails_fast_with_one_sentence(local_sqs: LocalSQS, tmp_path: Path) -> None:
+    env = {**os.environ, **local_sqs.env(), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sqsworker.cli", "run", "tests.integration.apps:work", "--queue", "no-such-queue"],
+        env=env, capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("sqsworker: error: queue 'no-such-queue' does not exist at http://127.0.0.1:")
+    assert proc.stderr.count("\n") == 1
+
+
+def test_missing_credentials_fail_fast_with_one_sentence(local_sqs: LocalSQS, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({
+        "PYTHONPATH": str(ROOT),
+        "AWS_ENDPOINT_URL_SQS": local_sqs.endpoint_url,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",  # never ask an instance metadata service
+    })
+    proc = subprocess.run(
+        [sys.executable, "-m", "sqsworker.cli", "run", "tests.integration.apps:work", "--queue", "orders"],
+        env=env, capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "no usable AWS credentials were found" in proc.stderr
+    assert proc.stderr.count("\n") == 1
