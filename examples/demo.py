@@ -1,0 +1,105 @@
+"""`make demo`: the example order worker on an embedded SQS, from start to summary.
+
+No AWS account is needed: moto's SQS server runs in this process on localhost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from sqsworker.local import LocalSQS
+from sqsworker.transports import send_all
+from sqsworker.transports.sqs import SQSTransport
+
+ROOT = Path(__file__).resolve().parents[1]
+VISIBILITY = 2
+MAX_RECEIVES = 3
+WORKLOAD = {"normal": 20, "slow": 3, "flaky": 3, "poison": 2}
+
+
+def main() -> int:
+    with LocalSQS() as sqs, tempfile.TemporaryDirectory() as scratch:
+        os.environ.update(sqs.env())
+        sqs.create_queue("orders", max_receive_count=MAX_RECEIVES, visibility_timeout=VISIBILITY)
+        queue = SQSTransport.connect("orders")
+        dlq = queue.open("orders-dlq")
+        ledger = Path(scratch) / "ledger.txt"
+        ledger.touch()
+
+        bodies = [
+            json.dumps({"id": n, "kind": kind, "seconds": 5})
+            for kind, count in WORKLOAD.items()
+            for n in range(count)
+        ]
+        bodies.append("<order id=99>not json</order>")
+        send_all(queue, bodies)
+        print(f"== embedded SQS at {sqs.endpoint_url}: sent {len(bodies)} orders to 'orders' "
+              f"(visibility timeout {VISIBILITY} s, dead-letter queue after {MAX_RECEIVES} receives)")
+        print("== slow orders take 5 s: longer than the visibility timeout, so leases are renewed")
+
+        command = [
+            sys.executable, "-m", "sqsworker.cli", "run", "examples.orders:process",
+            "--visibility-timeout", str(VISIBILITY), "--wait-time", "1", "--burst",
+            "--backoff-base", "0.5", "--backoff-max", "2",
+        ]
+        print("== running: sqsworker run examples.orders:process --burst ...\n", flush=True)
+        env = {**os.environ, "ORDERS_LEDGER": str(ledger), "PYTHONPATH": str(ROOT)}
+        worker = subprocess.Popen(command, env=env, cwd=ROOT)
+
+        done = threading.Event()
+        threading.Thread(target=_progress, args=(queue, dlq, done), daemon=True).start()
+        code = worker.wait()
+        done.set()
+        _summary(ledger, dlq, len(bodies))
+        queue.close()
+        return code
+
+
+def _progress(queue: SQSTransport, dlq: SQSTransport, done: threading.Event) -> None:
+    while not done.wait(2):
+        counts = queue.counts()
+        print(f"   .. queue: {counts.visible} waiting, {counts.in_flight} in flight; "
+              f"dead-letter queue: {dlq.counts().visible}", flush=True)
+
+
+def _summary(ledger: Path, dlq: SQSTransport, sent: int) -> None:
+    attempts: Counter[str] = Counter()
+    done: Counter[str] = Counter()
+    for line in ledger.read_text().splitlines():
+        event, kind, _, _ = line.split()
+        (attempts if event == "attempt" else done)[kind] += 1
+    dead: Counter[str] = Counter()
+    while batch := dlq.receive(10, 0, 30):
+        for message in batch:
+            try:
+                dead[json.loads(message.body)["kind"]] += 1
+            except ValueError:
+                dead["malformed"] += 1
+    notes = {
+        "normal": "processed once, deleted",
+        "slow": "ran 5 s on a 2 s lease: renewed, never redelivered",
+        "flaky": "failed once, retried after backoff, then succeeded",
+        "poison": f"failed {MAX_RECEIVES} times, then moved to the dead-letter queue",
+        "malformed": "body is not JSON: rejected straight to the dead-letter queue",
+    }
+    print("\n== summary")
+    print(f"   {'kind':<10}{'sent':>6}{'runs':>6}{'done':>6}{'in DLQ':>8}   what happened")
+    for kind, note in notes.items():
+        sent_n = WORKLOAD.get(kind, 1)
+        runs = attempts[kind] if kind != "malformed" else 0
+        print(f"   {kind:<10}{sent_n:>6}{runs:>6}{done[kind]:>6}{dead[kind]:>8}   {note}")
+    lost = sent - sum(done.values()) - sum(dead.values())
+    print(f"\n   {sent} sent, {sum(done.values())} done, {sum(dead.values())} in the dead-letter "
+          f"queue, {lost} lost.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
