@@ -79,3 +79,9 @@ def test_bad_input_gets_one_sentence_and_a_nonzero_exit(
     assert expected in err
     assert err.count("\n") == 1 and err.startswith("sqsworker: error: ")
     assert "Traceback" not in err
+
+
+def test_the_configuration_page_lists_every_option() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    for f in config.options():
+        assert f"`{config.flag(f.name)}`" in page and f"`{config.env_var(f.name)}`" in page, f.name
