@@ -40,7 +40,8 @@ class Result:
     def saturated_requests_per_message(self) -> float:
         """Receives that returned messages, deletes and renewals: the cost while busy."""
         busy = (
-            self.requests["ReceiveMessage"] - self.empty_receives
+            self.requests["ReceiveMessage"]
+            - self.empty_receives
             + self.requests["DeleteMessageBatch"]
             + self.requests["ChangeMessageVisibilityBatch"]
         )
@@ -64,7 +65,10 @@ def drain(
     before = Counter(requests)
     tally = Tally()
     config = WorkerConfig(
-        queue=transport.info.name, concurrency=concurrency, wait_time=1, burst=True,
+        queue=transport.info.name,
+        concurrency=concurrency,
+        wait_time=1,
+        burst=True,
         visibility_timeout=30,
     )
     worker = Worker(handler, config, transport=transport, observer=tally)
@@ -103,8 +107,11 @@ def main() -> None:
     ]:
         queue = f"bench-{len(results)}"
         memory.create_queue(queue)
-        results.append(drain(name, memory.transport(queue), memory.requests, count, handler,
-                             concurrency, ideal))
+        results.append(
+            drain(
+                name, memory.transport(queue), memory.requests, count, handler, concurrency, ideal
+            )
+        )
 
     with LocalSQS() as server:
         os.environ.update(server.env())
@@ -115,22 +122,31 @@ def main() -> None:
             queue = f"bench-moto-{len(results)}"
             server.create_queue(queue, max_receive_count=None)
             transport = SQSTransport.connect(queue, max_connections=24)
-            results.append(drain(name, transport, transport.requests, args.moto_messages,
-                                 handler, 16, ideal))
+            results.append(
+                drain(name, transport, transport.requests, args.moto_messages, handler, 16, ideal)
+            )
             transport.close()
 
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"\n{'scenario':<46}{'msgs':>6}{'msg/s':>9}{'req/msg busy':>14}{'req/msg all':>13}"
-          f"{'of ideal':>10}")
+    print(
+        f"\n{'scenario':<46}{'msgs':>6}{'msg/s':>9}{'req/msg busy':>14}{'req/msg all':>13}"
+        f"{'of ideal':>10}"
+    )
     for r in results:
         of_ideal = f"{r.rate / r.ideal:.2f}" if r.ideal else "-"
-        print(f"{r.name:<46}{r.messages:>6}{r.rate:>9.0f}{r.saturated_requests_per_message:>14.3f}"
-              f"{r.total_requests_per_message:>13.3f}{of_ideal:>10}")
+        print(
+            f"{r.name:<46}{r.messages:>6}{r.rate:>9.0f}{r.saturated_requests_per_message:>14.3f}"
+            f"{r.total_requests_per_message:>13.3f}{of_ideal:>10}"
+        )
     print(f"\npeak RSS of the benchmark process: {peak_mb:.0f} MB")
-    print("req/msg busy: receives that returned messages + deletes + renewals, per message "
-          "(floor 0.2).")
-    print("req/msg all: every request, including the empty receives and queue-size checks "
-          "with which burst mode ends.")
+    print(
+        "req/msg busy: receives that returned messages + deletes + renewals, per message "
+        "(floor 0.2)."
+    )
+    print(
+        "req/msg all: every request, including the empty receives and queue-size checks "
+        "with which burst mode ends."
+    )
 
 
 if __name__ == "__main__":

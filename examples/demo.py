@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -41,14 +40,27 @@ def main() -> int:
         ]
         bodies.append("<order id=99>not json</order>")
         send_all(queue, bodies)
-        print(f"== embedded SQS at {sqs.endpoint_url}: sent {len(bodies)} orders to 'orders' "
-              f"(visibility timeout {VISIBILITY} s, dead-letter queue after {MAX_RECEIVES} receives)")
+        print(
+            f"== embedded SQS at {sqs.endpoint_url}: sent {len(bodies)} orders to 'orders' "
+            f"(visibility timeout {VISIBILITY} s, dead-letter queue after {MAX_RECEIVES} receives)"
+        )
         print("== slow orders take 5 s: longer than the visibility timeout, so leases are renewed")
 
         command = [
-            sys.executable, "-m", "sqsworker.cli", "run", "examples.orders:process",
-            "--visibility-timeout", str(VISIBILITY), "--wait-time", "1", "--burst",
-            "--backoff-base", "0.5", "--backoff-max", "2",
+            sys.executable,
+            "-m",
+            "sqsworker.cli",
+            "run",
+            "examples.orders:process",
+            "--visibility-timeout",
+            str(VISIBILITY),
+            "--wait-time",
+            "1",
+            "--burst",
+            "--backoff-base",
+            "0.5",
+            "--backoff-max",
+            "2",
         ]
         print("== running: sqsworker run examples.orders:process --burst ...\n", flush=True)
         env = {**os.environ, "ORDERS_LEDGER": str(ledger), "PYTHONPATH": str(ROOT)}
@@ -66,8 +78,11 @@ def main() -> int:
 def _progress(queue: SQSTransport, dlq: SQSTransport, done: threading.Event) -> None:
     while not done.wait(2):
         counts = queue.counts()
-        print(f"   .. queue: {counts.visible} waiting, {counts.in_flight} in flight; "
-              f"dead-letter queue: {dlq.counts().visible}", flush=True)
+        print(
+            f"   .. queue: {counts.visible} waiting, {counts.in_flight} in flight; "
+            f"dead-letter queue: {dlq.counts().visible}",
+            flush=True,
+        )
 
 
 def _summary(ledger: Path, dlq: SQSTransport, sent: int) -> None:
@@ -97,8 +112,10 @@ def _summary(ledger: Path, dlq: SQSTransport, sent: int) -> None:
         runs = attempts[kind] if kind != "malformed" else 0
         print(f"   {kind:<10}{sent_n:>6}{runs:>6}{done[kind]:>6}{dead[kind]:>8}   {note}")
     lost = sent - sum(done.values()) - sum(dead.values())
-    print(f"\n   {sent} sent, {sum(done.values())} done, {sum(dead.values())} in the dead-letter "
-          f"queue, {lost} lost.")
+    print(
+        f"\n   {sent} sent, {sum(done.values())} done, {sum(dead.values())} in the dead-letter "
+        f"queue, {lost} lost."
+    )
 
 
 if __name__ == "__main__":

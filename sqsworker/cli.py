@@ -45,11 +45,22 @@ def _parser() -> argparse.ArgumentParser:
         default = f.default if f.default not in ((), None, "") else "none"
         text = f"{f.metadata['help']} [env {config.env_var(f.name)}; default {default}]"
         if f.type in ("bool", bool):
-            run.add_argument(config.flag(f.name), dest=f.name, action="store_const",
-                             const="true", default=None, help=text)
+            run.add_argument(
+                config.flag(f.name),
+                dest=f.name,
+                action="store_const",
+                const="true",
+                default=None,
+                help=text,
+            )
         else:
-            run.add_argument(config.flag(f.name), dest=f.name, default=None,
-                             metavar=f.metadata["metavar"] or f.name.upper(), help=text)
+            run.add_argument(
+                config.flag(f.name),
+                dest=f.name,
+                default=None,
+                metavar=f.metadata["metavar"] or f.name.upper(),
+                help=text,
+            )
 
     local = commands.add_parser(
         "local",
@@ -60,8 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--queue", action="append", default=[], help="queue to create (repeat)")
     local.add_argument("--host", default="127.0.0.1")
     local.add_argument("--port", type=int, default=4566)
-    local.add_argument("--max-receive-count", type=int, default=3,
-                       help="receives before a message moves to the dead-letter queue")
+    local.add_argument(
+        "--max-receive-count",
+        type=int,
+        default=3,
+        help="receives before a message moves to the dead-letter queue",
+    )
     local.add_argument("--visibility-timeout", type=int, default=30)
     return parser
 
@@ -113,17 +128,7 @@ def run(target: str, cli_options: dict[str, str | None]) -> int:
         if signals.received.is_set():
             worker.request_stop()
     code = worker.shutdown()
-    counts = tally.counts
-    logs.structlog.get_logger("sqsworker").info(
-        "summary",
-        received=counts["received"],
-        succeeded=counts["succeeded"],
-        failed=counts["failed"],
-        dead_lettered=counts["dead_lettered"],
-        leases_extended=counts["lease_extensions"],
-        leases_lost=counts["leases_lost"],
-        handed_back=counts["handed_back"],
-    )
+    logs.summary(tally.counts)
     return code
 
 
@@ -150,8 +155,9 @@ def local(args: argparse.Namespace) -> int:
             print(f"export {key}={value}")
         for name in args.queue:
             dlq = name.removesuffix(".fifo") + "-dlq" + (".fifo" if name.endswith(".fifo") else "")
-            print(f"# queue {name} (dead-letter queue {dlq}, after {args.max_receive_count} "
-                  "receives)")
+            print(
+                f"# queue {name} (dead-letter queue {dlq}, after {args.max_receive_count} receives)"
+            )
         sys.stdout.flush()
         signals = _Signals()
         signals.install()

@@ -51,7 +51,7 @@ class LeaseLost(SQSWorkerError):
 # Raised by handlers -------------------------------------------------------------
 
 
-class Retry(Exception):  # noqa: N818 - a signal, not an error
+class Retry(Exception):
     """Raise from a handler to return the message to the queue after ``delay`` seconds.
 
     The attempt counts as failed (the receive count grows, so a redrive policy still
@@ -65,7 +65,7 @@ class Retry(Exception):  # noqa: N818 - a signal, not an error
         self.delay = delay
 
 
-class Reject(Exception):  # noqa: N818 - a signal, not an error
+class Reject(Exception):
     """Raise from a handler when retrying cannot help (a poison message).
 
     The message skips its remaining attempts: it goes to the queue's dead-letter

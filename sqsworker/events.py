@@ -132,7 +132,11 @@ class Tally(Observer):
         self._add("succeeded")
 
     def handler_failed(
-        self, message: Message, error: BaseException, duration: float, retry_in: float,
+        self,
+        message: Message,
+        error: BaseException,
+        duration: float,
+        retry_in: float,
         last_attempt: bool,
     ) -> None:
         self._add("failed")

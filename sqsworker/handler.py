@@ -27,7 +27,7 @@ class Handler:
         self.func = func
         self.options = dict(options)
         self.name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}"
-        functools.update_wrapper(self, func)  # type: ignore[arg-type]
+        functools.update_wrapper(self, func)
 
     def __call__(self, message: Message) -> object:
         return self.func(message)

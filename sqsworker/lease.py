@@ -161,7 +161,7 @@ class LeaseKeeper:
             self._wake.notify_all()
             while held.renewals < target and held.state not in (State.LOST, State.DONE):
                 self.clock.wait(self._wake, None)
-            if held.state is State.LOST:
+            if held.lost:  # set by the lease thread while this one waited
                 raise LeaseLost(f"the lease of message {held.envelope.message_id} was lost")
         return held.seconds_left
 
@@ -226,8 +226,10 @@ class LeaseKeeper:
 
     def _due(self, now: float) -> tuple[list[_Op], list[Held]]:
         ready = [op for op in self._ops if op.not_before <= now]
-        flush = any(op.urgent for op in ready) or len(ready) >= MAX_BATCH or any(
-            op.queued_at + self.delete_interval <= now for op in ready
+        flush = (
+            any(op.urgent for op in ready)
+            or len(ready) >= MAX_BATCH
+            or any(op.queued_at + self.delete_interval <= now for op in ready)
         )
         ops = ready if flush else []
         if ops:

@@ -34,7 +34,7 @@ class LocalSQS:
 
     def start(self) -> LocalSQS:
         self._server.start()
-        host, port = self._server.get_host_and_port()
+        _, port = self._server.get_host_and_port()
         self.port = port
         self.endpoint_url = f"http://{self.host}:{port}"
         return self

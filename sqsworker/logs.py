@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -34,6 +34,20 @@ def configure(level: str = "info") -> None:
         ),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
+    )
+
+
+def summary(counts: Mapping[str, int]) -> None:
+    """The closing line of `sqsworker run`: what this worker did."""
+    structlog.get_logger("sqsworker").info(
+        "summary",
+        received=counts.get("received", 0),
+        succeeded=counts.get("succeeded", 0),
+        failed=counts.get("failed", 0),
+        dead_lettered=counts.get("dead_lettered", 0),
+        leases_extended=counts.get("lease_extensions", 0),
+        leases_lost=counts.get("leases_lost", 0),
+        handed_back=counts.get("handed_back", 0),
     )
 
 
@@ -80,7 +94,11 @@ class LogObserver(Observer):
         self._for(message).info("message processed", duration=round(duration, 3))
 
     def handler_failed(
-        self, message: Message, error: BaseException, duration: float, retry_in: float,
+        self,
+        message: Message,
+        error: BaseException,
+        duration: float,
+        retry_in: float,
         last_attempt: bool,
     ) -> None:
         log = self._for(message)
@@ -92,8 +110,11 @@ class LogObserver(Observer):
                 max_receive_count=self.max_receive_count,
             )
         else:
-            log.warning("handler failed; message will be retried", error=_error(error),
-                        retry_in=round(retry_in, 1))
+            log.warning(
+                "handler failed; message will be retried",
+                error=_error(error),
+                retry_in=round(retry_in, 1),
+            )
 
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
@@ -101,7 +122,8 @@ class LogObserver(Observer):
         if dead_letter:
             self._for(message).error(
                 "handler rejected the message; moved to the dead-letter queue",
-                error=_error(error), dead_letter_queue=dead_letter,
+                error=_error(error),
+                dead_letter_queue=dead_letter,
             )
         else:
             self._for(message).error(
@@ -115,8 +137,9 @@ class LogObserver(Observer):
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         log = self._for(message)
-        (log.warning if will_retry else log.error)("delete failed", reason=reason,
-                                                   will_retry=will_retry)
+        (log.warning if will_retry else log.error)(
+            "delete failed", reason=reason, will_retry=will_retry
+        )
 
     def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
         if reason == "shutdown":

@@ -57,9 +57,7 @@ class Message:
         return f"<Message {self.message_id} queue={self.queue!r} receive={self.receive_count}>"
 
     @classmethod
-    def build(
-        cls, body: str, *, message_id: str = "test-message", **attributes: str
-    ) -> Message:
+    def build(cls, body: str, *, message_id: str = "test-message", **attributes: str) -> Message:
         """A message with no queue behind it, for unit-testing a handler."""
         return cls(Envelope(message_id, "", body, {"ApproximateReceiveCount": "1", **attributes}))
 

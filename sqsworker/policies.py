@@ -21,5 +21,5 @@ class Backoff:
     rng: random.Random = field(default_factory=random.Random)
 
     def delay(self, receive_count: int) -> float:
-        span = min(self.maximum, self.base * 2 ** max(0, receive_count - 1))
+        span = min(self.maximum, self.base * 2.0 ** max(0, receive_count - 1))
         return span / 2 + self.rng.uniform(0, span / 2)

@@ -254,7 +254,7 @@ class Worker:
         except Retry as exc:
             self._fail(held, exc, started, delay=exc.delay)
         except Exception as exc:
-            if isinstance(exc, Reject) or isinstance(exc, self.config.non_retryable):
+            if isinstance(exc, (Reject, *self.config.non_retryable)):
                 self._reject(held, exc, started)
             else:
                 self._fail(held, exc, started, delay=None)
@@ -285,7 +285,9 @@ class Worker:
         target = self.transport.info.dead_letter_arn
         if target is None:
             # Nowhere safe to put it and deleting would lose it: keep it, retried rarely.
-            self.keeper.release(held, self.config.backoff_max, "rejected without a dead-letter queue")
+            self.keeper.release(
+                held, self.config.backoff_max, "rejected without a dead-letter queue"
+            )
             self.observer.handler_rejected(message, exc, duration, None)
             return
         try:

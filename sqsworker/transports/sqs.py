@@ -62,8 +62,9 @@ THROTTLING_CODES = frozenset(
 )
 QUEUE_MISSING_CODES = frozenset({"QueueDoesNotExist", "NonExistentQueue"})
 # Sender faults in a batch that one bad entry can cause: the batch is split to find it.
-ENTRY_FAULT_CODES = frozenset({"InvalidParameterValue", "ReceiptHandleIsInvalid",
-                               "MessageNotInflight"})
+ENTRY_FAULT_CODES = frozenset(
+    {"InvalidParameterValue", "ReceiptHandleIsInvalid", "MessageNotInflight"}
+)
 
 
 def error_code(raw: object) -> str:
@@ -141,8 +142,12 @@ class SQSTransport:
         where = f"{self.client.meta.endpoint_url} (region {self.client.meta.region_name})"
         try:
             url = self._queue_url(queue)
-            raw = self._call("GetQueueAttributes", self.client.get_queue_attributes,
-                             QueueUrl=url, AttributeNames=["All"])["Attributes"]
+            raw = self._call(
+                "GetQueueAttributes",
+                self.client.get_queue_attributes,
+                QueueUrl=url,
+                AttributeNames=["All"],
+            )["Attributes"]
         except TransportError as exc:
             if exc.code in QUEUE_MISSING_CODES:
                 raise QueueNotFound(
@@ -156,7 +161,10 @@ class SQSTransport:
             raise StartupError(f"cannot use queue {queue!r} at {where}: {exc}") from None
         info = _queue_info(url, raw)
         return SQSTransport(
-            self.client, info, requests=self.requests, attempts=self.attempts,
+            self.client,
+            info,
+            requests=self.requests,
+            attempts=self.attempts,
             owns_client=owns_client,
         )
 
@@ -170,9 +178,7 @@ class SQSTransport:
                 raise StartupError(f"{queue!r} is not an SQS queue ARN")
             kwargs["QueueOwnerAWSAccountId"] = parts[4]
             queue = parts[5]
-        response = self._call(
-            "GetQueueUrl", self.client.get_queue_url, QueueName=queue, **kwargs
-        )
+        response = self._call("GetQueueUrl", self.client.get_queue_url, QueueName=queue, **kwargs)
         return str(response["QueueUrl"])
 
     def _call(self, action: str, method: Callable[..., T], **kwargs: Any) -> T:
@@ -273,8 +279,10 @@ class SQSTransport:
                 entry["MessageDeduplicationId"] = message.deduplication_id
             entries.append(entry)
         response = self._call(
-            "SendMessageBatch", self.client.send_message_batch,
-            QueueUrl=self.info.url, Entries=entries,
+            "SendMessageBatch",
+            self.client.send_message_batch,
+            QueueUrl=self.info.url,
+            Entries=entries,
         )
         result = _batch_result(response)
         result.message_ids = {e["Id"]: e["MessageId"] for e in response.get("Successful", [])}
@@ -287,8 +295,10 @@ class SQSTransport:
             "ApproximateNumberOfMessagesDelayed",
         ]
         raw = self._call(
-            "GetQueueAttributes", self.client.get_queue_attributes,
-            QueueUrl=self.info.url, AttributeNames=names,
+            "GetQueueAttributes",
+            self.client.get_queue_attributes,
+            QueueUrl=self.info.url,
+            AttributeNames=names,
         )["Attributes"]
         visible, in_flight, delayed = (int(raw.get(n, 0)) for n in names)
         return QueueCounts(visible, in_flight, delayed)

@@ -31,7 +31,9 @@ class Env:
     clock: FakeClock | None = None
     server: LocalSQS | None = None
 
-    def queue(self, name: str, *, max_receive_count: int | None = None, **attributes: str) -> Transport:
+    def queue(
+        self, name: str, *, max_receive_count: int | None = None, **attributes: str
+    ) -> Transport:
         name = unique(name.removesuffix(".fifo")) + (".fifo" if name.endswith(".fifo") else "")
         if self.memory is not None:
             if name.endswith(".fifo"):
@@ -45,7 +47,9 @@ class Env:
         self.server.create_queue(name, max_receive_count=max_receive_count, **attributes)
         return SQSTransport.connect(name, endpoint_url=self.server.endpoint_url, region="us-east-1")
 
-    def receive_after(self, transport: Transport, seconds: float, n: int = 10, vis: int = 30) -> list[Envelope]:
+    def receive_after(
+        self, transport: Transport, seconds: float, n: int = 10, vis: int = 30
+    ) -> list[Envelope]:
         """Receive once ``seconds`` have passed: the fake clock moves; moto's long poll waits."""
         if self.clock is not None:
             self.clock.advance(seconds)
@@ -145,7 +149,9 @@ def test_invalid_handle_fails_its_entry_not_the_batch(env: Env) -> None:
         ([(str(i), f"h{i}") for i in range(11)], "TooManyEntriesInBatchRequest"),
     ],
 )
-def test_malformed_batches_are_refused_whole(env: Env, entries: list[tuple[str, str]], code: str) -> None:
+def test_malformed_batches_are_refused_whole(
+    env: Env, entries: list[tuple[str, str]], code: str
+) -> None:
     q = env.queue("batchrules")
     with pytest.raises(TransportError) as raised:
         q.delete_batch(entries)
@@ -190,11 +196,14 @@ def test_counts_tell_visible_in_flight_and_delayed(env: Env) -> None:
 def test_fifo_delivers_no_later_message_of_a_group_in_flight(env: Env) -> None:
     q = env.queue("order.fifo")
     assert q.info.fifo
-    send_all(q, [
-        OutgoingMessage("a1", group_id="a", deduplication_id="a1"),
-        OutgoingMessage("a2", group_id="a", deduplication_id="a2"),
-        OutgoingMessage("b1", group_id="b", deduplication_id="b1"),
-    ])
+    send_all(
+        q,
+        [
+            OutgoingMessage("a1", group_id="a", deduplication_id="a1"),
+            OutgoingMessage("a2", group_id="a", deduplication_id="a2"),
+            OutgoingMessage("b1", group_id="b", deduplication_id="b1"),
+        ],
+    )
     [first] = q.receive(1, 1, 30)
     assert first.body == "a1" and first.attributes["MessageGroupId"] == "a"
     [second] = q.receive(1, 1, 30)

@@ -40,11 +40,17 @@ class Ledger:
 
 
 class Scenario:
-    def __init__(self, server: LocalSQS, tmp_path: Path, *, max_receive_count: int = 3, visibility: int = 2):
+    def __init__(
+        self, server: LocalSQS, tmp_path: Path, *, max_receive_count: int = 3, visibility: int = 2
+    ):
         self.server = server
         self.name = unique("orders")
-        server.create_queue(self.name, max_receive_count=max_receive_count, visibility_timeout=visibility)
-        self.queue: Transport = SQSTransport.connect(self.name, endpoint_url=server.endpoint_url, region="us-east-1")
+        server.create_queue(
+            self.name, max_receive_count=max_receive_count, visibility_timeout=visibility
+        )
+        self.queue: Transport = SQSTransport.connect(
+            self.name, endpoint_url=server.endpoint_url, region="us-east-1"
+        )
         self.dlq: Transport = self.queue.open(self.name + "-dlq")
         self.ledger = Ledger(tmp_path / "ledger.txt")
         self.tmp_path = tmp_path
@@ -52,15 +58,35 @@ class Scenario:
 
     def send(self, kind: str, count: int, **extra: Any) -> None:
         start = sum(1 for _ in self.ledger.lines())  # ids only need to be unique per kind
-        send_all(self.queue, [json.dumps({"kind": kind, "id": start + i, **extra}) for i in range(count)])
+        send_all(
+            self.queue, [json.dumps({"kind": kind, "id": start + i, **extra}) for i in range(count)]
+        )
 
     def worker(self, *args: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **self.server.env(), "LEDGER": str(self.ledger.path), "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            **self.server.env(),
+            "LEDGER": str(self.ledger.path),
+            "PYTHONPATH": str(ROOT),
+        }
         with open(self.tmp_path / f"worker-{len(self.procs)}.log", "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "sqsworker.cli", "run", "tests.integration.apps:work",
-                 "--queue", self.name, "--wait-time", "1", *args],
-                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                [
+                    sys.executable,
+                    "-m",
+                    "sqsworker.cli",
+                    "run",
+                    "tests.integration.apps:work",
+                    "--queue",
+                    self.name,
+                    "--wait-time",
+                    "1",
+                    *args,
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
             )
         self.procs.append(proc)
         return proc
@@ -76,7 +102,9 @@ class Scenario:
 
 
 @pytest.fixture
-def scenario(local_sqs: LocalSQS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scenario]:
+def scenario(
+    local_sqs: LocalSQS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Scenario]:
     for key, value in local_sqs.env().items():
         monkeypatch.setenv(key, value)
     made = Scenario(local_sqs, tmp_path)
@@ -88,10 +116,23 @@ def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(scenario
     scenario.send("normal", 20)
     scenario.send("slow", 4, sleep=6)  # three times the 2 s visibility timeout
     scenario.send("fail", 2)
-    options = ["--visibility-timeout", "2", "--concurrency", "4", "--burst",
-               "--backoff-base", "0.2", "--backoff-max", "1"]
+    options = [
+        "--visibility-timeout",
+        "2",
+        "--concurrency",
+        "4",
+        "--burst",
+        "--backoff-base",
+        "0.2",
+        "--backoff-max",
+        "1",
+    ]
     workers = [scenario.worker(*options), scenario.worker(*options)]
-    wait_until(lambda: all(w.poll() is not None for w in workers), timeout=90, what="both workers to drain the queue")
+    wait_until(
+        lambda: all(w.poll() is not None for w in workers),
+        timeout=90,
+        what="both workers to drain the queue",
+    )
     assert [w.returncode for w in workers] == [0, 0], scenario.logs()
 
     done = scenario.ledger.count("done")
@@ -113,7 +154,9 @@ def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(scenario
 def test_sigterm_hands_back_unstarted_and_lets_running_finish(scenario: Scenario) -> None:
     scenario.send("slow", 10, sleep=3)
     worker = scenario.worker("--visibility-timeout", "30", "--concurrency", "2", "--prefetch", "8")
-    wait_until(lambda: len(scenario.ledger.count("start")) == 2, timeout=30, what="two handlers to start")
+    wait_until(
+        lambda: len(scenario.ledger.count("start")) == 2, timeout=30, what="two handlers to start"
+    )
     wait_until(lambda: scenario.queue.counts().in_flight == 10, what="all ten held")
     signalled = time.monotonic()
     worker.send_signal(signal.SIGTERM)
@@ -131,45 +174,83 @@ def test_sigterm_hands_back_unstarted_and_lets_running_finish(scenario: Scenario
 def test_after_kill_9_another_worker_finishes_the_messages(scenario: Scenario) -> None:
     scenario.send("slow", 4, sleep=2)
     victim = scenario.worker("--visibility-timeout", "3", "--concurrency", "4")
-    wait_until(lambda: len(scenario.ledger.count("start")) == 4, timeout=30, what="four handlers to start")
+    wait_until(
+        lambda: len(scenario.ledger.count("start")) == 4, timeout=30, what="four handlers to start"
+    )
     victim.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     victim.wait()
     assert not scenario.ledger.count("done")
     rescuer = scenario.worker("--visibility-timeout", "3", "--concurrency", "4", "--burst")
-    wait_until(lambda: len(scenario.ledger.count("done")) == 4, timeout=60, what="the rescuer to finish them")
+    wait_until(
+        lambda: len(scenario.ledger.count("done")) == 4,
+        timeout=60,
+        what="the rescuer to finish them",
+    )
     recovered_after = time.monotonic() - killed
     assert rescuer.wait(30) == 0, scenario.logs()
     assert scenario.queue.counts().total == 0
     assert all(n == 1 for n in scenario.ledger.count("done").values())
-    print(f"\nSIGKILL -> all 4 messages finished by another worker after {recovered_after:.2f} s "
-          "(visibility timeout 3 s, handlers 2 s)")
+    print(
+        f"\nSIGKILL -> all 4 messages finished by another worker after {recovered_after:.2f} s "
+        "(visibility timeout 3 s, handlers 2 s)"
+    )
 
 
 def test_a_missing_queue_fails_fast_with_one_sentence(local_sqs: LocalSQS, tmp_path: Path) -> None:
     env = {**os.environ, **local_sqs.env(), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "sqsworker.cli", "run", "tests.integration.apps:work", "--queue", "no-such-queue"],
-        env=env, capture_output=True, text=True, cwd=ROOT, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "sqsworker.cli",
+            "run",
+            "tests.integration.apps:work",
+            "--queue",
+            "no-such-queue",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert proc.returncode == 1
-    assert proc.stderr.startswith("sqsworker: error: queue 'no-such-queue' does not exist at http://127.0.0.1:")
+    assert proc.stderr.startswith(
+        "sqsworker: error: queue 'no-such-queue' does not exist at http://127.0.0.1:"
+    )
     assert proc.stderr.count("\n") == 1
 
 
-def test_missing_credentials_fail_fast_with_one_sentence(local_sqs: LocalSQS, tmp_path: Path) -> None:
+def test_missing_credentials_fail_fast_with_one_sentence(
+    local_sqs: LocalSQS, tmp_path: Path
+) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update({
-        "PYTHONPATH": str(ROOT),
-        "AWS_ENDPOINT_URL_SQS": local_sqs.endpoint_url,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-        "AWS_CONFIG_FILE": str(tmp_path / "none"),
-        "AWS_EC2_METADATA_DISABLED": "true",  # never ask an instance metadata service
-    })
+    env.update(
+        {
+            "PYTHONPATH": str(ROOT),
+            "AWS_ENDPOINT_URL_SQS": local_sqs.endpoint_url,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+            "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_EC2_METADATA_DISABLED": "true",  # never ask an instance metadata service
+        }
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "sqsworker.cli", "run", "tests.integration.apps:work", "--queue", "orders"],
-        env=env, capture_output=True, text=True, cwd=ROOT, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "sqsworker.cli",
+            "run",
+            "tests.integration.apps:work",
+            "--queue",
+            "orders",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert proc.returncode == 1
     assert "no usable AWS credentials were found" in proc.stderr

@@ -36,7 +36,10 @@ class Rig:
         self.dlq = memory.transport("jobs-dlq") if dead_letter else None
         self.tally = Tally()
         settings: dict[str, Any] = {
-            "queue": "jobs", "wait_time": 0, "delete_interval": 0, "visibility_timeout": 10,
+            "queue": "jobs",
+            "wait_time": 0,
+            "delete_interval": 0,
+            "visibility_timeout": 10,
             "concurrency": 2,
         }
         self.worker = Worker(
@@ -55,9 +58,13 @@ class Rig:
         return self.tally.counts[key]
 
     def wait_for(self, key: str, n: int) -> None:
-        wait_until(lambda: self.count(key) >= n, what=f"{key} >= {n} (have {dict(self.tally.counts)})")
+        wait_until(
+            lambda: self.count(key) >= n, what=f"{key} >= {n} (have {dict(self.tally.counts)})"
+        )
 
-    def advance_until(self, predicate: Callable[[], bool], step: float = 1.0, limit: int = 200) -> None:
+    def advance_until(
+        self, predicate: Callable[[], bool], step: float = 1.0, limit: int = 200
+    ) -> None:
         """Move the fake clock a step at a time until ``predicate`` holds."""
         for _ in range(limit):
             if predicate():

@@ -18,7 +18,12 @@ def test_precedence_is_cli_then_env_then_decorator_then_default() -> None:
         {"SQSWORKER_CONCURRENCY": "8", "SQSWORKER_QUEUE": "from-env", "SQSWORKER_PREFETCH": "3"},
         {"queue": "from-decorator", "visibility_timeout": 90, "prefetch": 1},
     )
-    assert (cfg.concurrency, cfg.queue, cfg.prefetch, cfg.visibility_timeout) == (4, "from-env", 3, 90)
+    assert (cfg.concurrency, cfg.queue, cfg.prefetch, cfg.visibility_timeout) == (
+        4,
+        "from-env",
+        3,
+        90,
+    )
     assert cfg.wait_time == 20
 
 
@@ -26,13 +31,19 @@ def test_precedence_is_cli_then_env_then_decorator_then_default() -> None:
     ("cli", "env", "expected"),
     [
         ({"visibility_timeout": "50000"}, {}, "from 1 to 43200 seconds"),
-        ({"concurrency": "-3"}, {}, "concurrency must be a whole number from 1 to 1000; got -3 (set by --concurrency)"),
+        (
+            {"concurrency": "-3"},
+            {},
+            "concurrency must be a whole number from 1 to 1000; got -3 (set by --concurrency)",
+        ),
         ({"concurrency": "many"}, {}, "--concurrency must be a whole number; got 'many'"),
         ({}, {"SQSWORKER_WAIT_TIME": "30"}, "(set by SQSWORKER_WAIT_TIME)"),
         ({}, {"SQSWORKER_BURST": "maybe"}, "SQSWORKER_BURST must be true or false"),
     ],
 )
-def test_bad_values_name_the_option_and_its_source(cli: dict[str, str], env: dict[str, str], expected: str) -> None:
+def test_bad_values_name_the_option_and_its_source(
+    cli: dict[str, str], env: dict[str, str], expected: str
+) -> None:
     with pytest.raises(ConfigError) as raised:
         config.resolve({"queue": "q", **cli}, env, {})
     assert expected in str(raised.value)
@@ -45,13 +56,15 @@ def test_a_missing_queue_says_how_to_give_one() -> None:
 
 @pytest.fixture
 def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "goodapp.py").write_text(textwrap.dedent("""
+    (tmp_path / "goodapp.py").write_text(
+        textwrap.dedent("""
         import sqsworker
 
         @sqsworker.handler(queue="orders")
         def process(message):
             pass
-    """))
+    """)
+    )
     (tmp_path / "brokenapp.py").write_text("import a_dependency_that_is_missing\n")
     (tmp_path / "raisingapp.py").write_text("raise RuntimeError('bad settings')\n")
     monkeypatch.chdir(tmp_path)
@@ -63,7 +76,11 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     ("argv", "code", "expected"),
     [
         (["run", "nosuchmodule:x"], 2, "no module named 'nosuchmodule' was found"),
-        (["run", "goodapp:missing"], 2, "module 'goodapp' has no attribute 'missing' (its functions: process)"),
+        (
+            ["run", "goodapp:missing"],
+            2,
+            "module 'goodapp' has no attribute 'missing' (its functions: process)",
+        ),
         (["run", "goodapp"], 2, "'goodapp' is not an import string: write MODULE:ATTR"),
         (["run", "brokenapp:x"], 2, "importing module 'brokenapp' failed: ModuleNotFoundError"),
         (["run", "raisingapp:x"], 2, "RuntimeError: bad settings at"),

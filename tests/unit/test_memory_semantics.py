@@ -32,7 +32,9 @@ def test_an_expired_handle_is_not_in_flight(memory: MemorySQS, clock: FakeClock)
     assert failure.code == "MessageNotInflight"
 
 
-def test_a_stale_delete_reports_success_and_deletes_nothing(memory: MemorySQS, clock: FakeClock) -> None:
+def test_a_stale_delete_reports_success_and_deletes_nothing(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
     memory.create_queue("q")
     q = memory.transport("q")
     send_all(q, ["x"])
@@ -53,7 +55,9 @@ def test_fifo_refuses_an_expired_handle_on_delete(memory: MemorySQS, clock: Fake
     assert failure.code == "ReceiptHandleIsInvalid"
 
 
-def test_the_cap_counts_from_the_receive_not_the_last_extension(memory: MemorySQS, clock: FakeClock) -> None:
+def test_the_cap_counts_from_the_receive_not_the_last_extension(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
     memory.create_queue("q")
     q = memory.transport("q")
     send_all(q, ["x"])
@@ -75,7 +79,9 @@ def test_batch_entry_ids_must_be_distinct(memory: MemorySQS) -> None:
 def test_send_refuses_bodies_sqs_refuses(memory: MemorySQS) -> None:
     memory.create_queue("q", {"MaximumMessageSize": "1024"})
     q = memory.transport("q")
-    result = q.send_batch([OutgoingMessage("\x00bad"), OutgoingMessage("x" * 1025), OutgoingMessage("ok")])
+    result = q.send_batch(
+        [OutgoingMessage("\x00bad"), OutgoingMessage("x" * 1025), OutgoingMessage("ok")]
+    )
     assert [f.code for f in result.failed] == ["InvalidMessageContents", "InvalidParameterValue"]
     assert result.succeeded == ["2"]
 

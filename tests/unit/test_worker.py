@@ -63,7 +63,9 @@ def test_retry_sets_an_explicit_delay(memory: MemorySQS, clock: FakeClock) -> No
     assert runs[1] - runs[0] >= 100
 
 
-def test_last_attempt_returns_at_once_and_redrive_moves_it(memory: MemorySQS, clock: FakeClock) -> None:
+def test_last_attempt_returns_at_once_and_redrive_moves_it(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
     def always_fails(message: Message) -> None:
         raise RuntimeError("poison")
 
@@ -78,7 +80,9 @@ def test_last_attempt_returns_at_once_and_redrive_moves_it(memory: MemorySQS, cl
 
 
 @pytest.mark.parametrize("body", ["not json", '{"ok": true}'])
-def test_reject_goes_straight_to_the_dead_letter_queue(memory: MemorySQS, clock: FakeClock, body: str) -> None:
+def test_reject_goes_straight_to_the_dead_letter_queue(
+    memory: MemorySQS, clock: FakeClock, body: str
+) -> None:
     def handler(message: Message) -> None:
         message.json()  # a body that is not JSON raises MessageDecodeError, a Reject
         raise Reject("cannot ever work")
@@ -109,7 +113,9 @@ def test_configured_exception_types_are_not_retried(memory: MemorySQS, clock: Fa
     rig.stop()
 
 
-def test_reject_without_a_dead_letter_queue_keeps_the_message(memory: MemorySQS, clock: FakeClock) -> None:
+def test_reject_without_a_dead_letter_queue_keeps_the_message(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
     def handler(message: Message) -> None:
         raise Reject("poison")
 
@@ -172,7 +178,9 @@ def test_lease_lost_when_renewals_keep_failing(memory: MemorySQS, clock: FakeClo
     rig.stop()
 
 
-def test_a_stalled_lease_thread_loses_the_lease_not_the_message(memory: MemorySQS, clock: FakeClock) -> None:
+def test_a_stalled_lease_thread_loses_the_lease_not_the_message(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
     release = threading.Event()
     started = threading.Event()
 
@@ -232,9 +240,12 @@ def test_renewals_never_ask_past_the_twelve_hour_cap(memory: MemorySQS, clock: F
         if rig.count("leases_lost"):
             break
         clock.advance(600)
-        wait_until(lambda: rig.count("leases_lost") == 1 or all(
-            h.renew_at > clock.monotonic() for h in keeper.running()
-        ))
+        wait_until(
+            lambda: (
+                rig.count("leases_lost") == 1
+                or all(h.renew_at > clock.monotonic() for h in keeper.running())
+            )
+        )
     # Lost only at the cap, after a warning, with no refused renewal on the way.
     assert clock.monotonic() - 1_000_000.0 >= 43_200 - 600
     assert rig.count("near_cap") == 1
@@ -243,7 +254,9 @@ def test_renewals_never_ask_past_the_twelve_hour_cap(memory: MemorySQS, clock: F
     rig.stop()
 
 
-def test_shutdown_hands_back_unstarted_and_finishes_running(memory: MemorySQS, clock: FakeClock) -> None:
+def test_shutdown_hands_back_unstarted_and_finishes_running(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
     release = threading.Event()
     started = threading.Event()
 
@@ -268,7 +281,9 @@ def test_shutdown_hands_back_unstarted_and_finishes_running(memory: MemorySQS, c
     assert rig.queue.counts().total == 4 and rig.queue.counts().in_flight == 0
 
 
-def test_shutdown_past_its_timeout_hands_back_running_messages(memory: MemorySQS, clock: FakeClock) -> None:
+def test_shutdown_past_its_timeout_hands_back_running_messages(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
     release = threading.Event()
     started = threading.Event()
 
@@ -292,7 +307,9 @@ def test_shutdown_past_its_timeout_hands_back_running_messages(memory: MemorySQS
     release.set()
 
 
-def test_held_messages_stay_within_concurrency_plus_prefetch(memory: MemorySQS, clock: FakeClock) -> None:
+def test_held_messages_stay_within_concurrency_plus_prefetch(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
     peak: list[int] = []
     rig: Rig
 
@@ -307,7 +324,9 @@ def test_held_messages_stay_within_concurrency_plus_prefetch(memory: MemorySQS, 
     rig.stop()
 
 
-def test_receive_errors_are_retried_and_nothing_is_lost(memory: MemorySQS, clock: FakeClock) -> None:
+def test_receive_errors_are_retried_and_nothing_is_lost(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
     fault = TransportError("RequestThrottled", code="RequestThrottled", retryable=True)
     memory.inject_fault("ReceiveMessage", fault, times=3)
     rig = Rig(memory, clock, lambda m: None)
