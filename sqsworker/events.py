@@ -2,14 +2,14 @@
 
 The core never logs or counts by itself: it calls an ``Observer``. Logging
 (``logs.py``) is an observer, and so will metrics be. Every method here does
-nothing; override the ones you need. An observer that raises is reported once
-through the standard ``warnings`` machinery and never breaks the worker.
+nothing; override the ones you need. An observer that raises is reported on the
+standard ``logging`` logger "sqsworker.events" and never breaks the worker.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-import warnings
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -88,16 +88,13 @@ class Observers(Observer):
             for observer in self.observers:
                 try:
                     getattr(observer, name)(*args)
-                except Exception as exc:
-                    warnings.warn(
-                        f"observer {type(observer).__name__}.{name} raised {exc!r}",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+                except Exception:
+                    _log.exception("observer %s.%s raised", type(observer).__name__, name)
 
         return call
 
 
+_log = logging.getLogger("sqsworker.events")
 _EVENTS = [n for n in vars(Observer) if not n.startswith("_")]
 
 

@@ -205,8 +205,19 @@ class LeaseKeeper:
                     if self._stopping and (not self._ops or self._gave_up(now)):
                         return
                     self.clock.wait(self._wake, self._next_deadline(now))
-            self._settle(ops)
-            self._renew(renewals)
+            try:
+                self._settle(ops)
+                self._renew(renewals)
+            except Exception as exc:  # never let the lease thread die: every lease hangs on it
+                self.observer.request_failed("lease thread", TransportError(repr(exc)))
+                with self._lock:
+                    unsettled = [
+                        op for op in ops if op.held.state is not State.DONE and op not in self._ops
+                    ]
+                self._retry(unsettled)
+                with self._lock:
+                    for held in renewals:
+                        held.renew_at = self.clock.monotonic() + RETRY_AFTER_ERROR
             with self._wake:
                 self._wake.notify_all()  # wake extend() callers waiting on a renewal
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from .clock import Clock, SystemClock
 from .config import WorkerConfig
 from .errors import Reject, Retry, StartupError, TransportError
-from .events import Observer
+from .events import Observer, Observers
 from .handler import Handler, as_handler
 from .lease import Held, LeaseKeeper
 from .policies import Backoff
@@ -44,7 +44,8 @@ class Worker:
         self.handler = as_handler(handler)
         self.config = config or WorkerConfig(**self.handler.options)
         self.clock: Clock = clock or SystemClock()
-        self.observer = observer or Observer()
+        # Fanned out through Observers, so an observer that raises never breaks a thread.
+        self.observer: Observer = Observers([observer] if observer else [])
         self.backoff = backoff or Backoff(self.config.backoff_base, self.config.backoff_max)
         self._transport = transport
         self._dead_letter_queue: Transport | None = None
@@ -171,10 +172,10 @@ class Worker:
                 envelopes = self.transport.receive(
                     min(free, MAX_BATCH), self.config.wait_time, self.config.visibility_timeout
                 )
-            except TransportError as exc:
+            except Exception as exc:  # the loop outlives every error; what it got is safe
                 failures += 1
                 retry_in = min(30.0, 0.5 * 2 ** min(failures, 6))
-                self.observer.receive_failed(exc, retry_in)
+                self.observer.receive_failed(_as_transport_error(exc), retry_in)
                 self._pause(retry_in)
                 continue
             failures = 0

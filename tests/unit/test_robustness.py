@@ -1,0 +1,51 @@
+"""Threads that must never die: an unexpected error is reported and the work goes on."""
+
+from __future__ import annotations
+
+import pytest
+
+from sqsworker import Message, Observer
+from sqsworker.clock import FakeClock
+from sqsworker.transports.memory import MemorySQS
+
+from .helpers import Rig
+
+
+def test_an_unexpected_receive_error_does_not_kill_the_receive_loop(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    memory.inject_fault("ReceiveMessage", RuntimeError("a bug in a transport"), times=2)
+    rig = Rig(memory, clock, lambda m: None)
+    rig.send("x")
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 1)
+    assert rig.count("receive_failures") == 2
+    rig.stop()
+
+
+def test_an_unexpected_delete_error_does_not_kill_the_lease_thread(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    memory.inject_fault("DeleteMessageBatch", RuntimeError("a bug in a transport"), times=1)
+    rig = Rig(memory, clock, lambda m: None)
+    rig.send("x")
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 1)
+    assert rig.queue.counts().total == 0
+    rig.stop()
+
+
+def test_an_observer_that_raises_breaks_nothing(
+    memory: MemorySQS, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken(Observer):
+        def handler_succeeded(self, message: Message, duration: float) -> None:
+            raise ValueError("observer bug")
+
+    rig = Rig(memory, clock, lambda m: None)
+    rig.worker.observer.observers.append(Broken())  # type: ignore[attr-defined]
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("deleted", 1)
+    rig.stop()
+    assert "observer Broken.handler_succeeded raised" in caplog.text
