@@ -14,6 +14,18 @@ from sqsworker.transports.memory import MemorySQS
 from ..conftest import wait_until
 
 
+class Gate:
+    """A handler that blocks until ``release`` is set, and tells when it ``started``."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, message: Message) -> None:
+        self.started.set()
+        self.release.wait(60)
+
+
 class Rig:
     """A worker on the in-memory SQS with a fake clock, and what a test needs around it."""
 

@@ -12,7 +12,7 @@ from sqsworker.errors import TransportError
 from sqsworker.transports.memory import MemorySQS
 
 from ..conftest import wait_until
-from .helpers import Rig
+from .helpers import Gate, Rig
 
 
 def test_success_deletes_each_message_once_in_batches(memory: MemorySQS, clock: FakeClock) -> None:
@@ -130,23 +130,18 @@ def test_reject_without_a_dead_letter_queue_keeps_the_message(
 
 
 def test_a_slow_handler_keeps_its_lease(memory: MemorySQS, clock: FakeClock) -> None:
-    release = threading.Event()
-    started = threading.Event()
+    gate = Gate()
 
-    def slow(message: Message) -> None:
-        started.set()
-        release.wait(30)
-
-    rig = Rig(memory, clock, slow, visibility_timeout=10)
+    rig = Rig(memory, clock, gate, visibility_timeout=10)
     rig.send("x")
     rig.worker.start()
-    assert started.wait(10)
+    assert gate.started.wait(10)
     other = memory.transport("jobs")
     for step in range(1, 9):  # 40 s: four times the visibility timeout
         clock.advance(5)
         rig.wait_for("lease_extensions", step)
         assert other.receive(10, 0, 30) == []
-    release.set()
+    gate.release.set()
     rig.wait_for("deleted", 1)
     assert rig.count("leases_lost") == 0
     assert rig.queue.counts().total == 0
@@ -181,20 +176,15 @@ def test_lease_lost_when_renewals_keep_failing(memory: MemorySQS, clock: FakeClo
 def test_a_stalled_lease_thread_loses_the_lease_not_the_message(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
-    release = threading.Event()
-    started = threading.Event()
+    gate = Gate()
 
-    def slow(message: Message) -> None:
-        started.set()
-        release.wait(30)
-
-    rig = Rig(memory, clock, slow, visibility_timeout=10)
+    rig = Rig(memory, clock, gate, visibility_timeout=10)
     rig.send("x")
     rig.worker.start()
-    assert started.wait(10)
+    assert gate.started.wait(10)
     clock.advance(11)  # a pause longer than the lease, as a long GC pause would be
     rig.wait_for("leases_lost", 1)
-    release.set()
+    gate.release.set()
     rig.wait_for("delete_failures", 1)
     rig.advance_until(lambda: rig.queue.counts().total == 0)
     # The lost first attempt is never reported done; a redelivery may finish the work.
@@ -223,17 +213,12 @@ def test_handler_can_ask_for_more_time(memory: MemorySQS, clock: FakeClock) -> N
 
 
 def test_renewals_never_ask_past_the_twelve_hour_cap(memory: MemorySQS, clock: FakeClock) -> None:
-    release = threading.Event()
-    started = threading.Event()
+    gate = Gate()
 
-    def endless(message: Message) -> None:
-        started.set()
-        release.wait(60)
-
-    rig = Rig(memory, clock, endless, visibility_timeout=3600)
+    rig = Rig(memory, clock, gate, visibility_timeout=3600)
     rig.send("x")
     rig.worker.start()
-    assert started.wait(10)
+    assert gate.started.wait(10)
     keeper = rig.worker.keeper
     assert keeper is not None
     for _ in range(100):  # 600 s at a time, each step waiting for the lease thread to catch up
@@ -250,31 +235,26 @@ def test_renewals_never_ask_past_the_twelve_hour_cap(memory: MemorySQS, clock: F
     assert clock.monotonic() - 1_000_000.0 >= 43_200 - 600
     assert rig.count("near_cap") == 1
     assert rig.count("request_failures") == 0
-    release.set()
+    gate.release.set()
     rig.stop()
 
 
 def test_shutdown_hands_back_unstarted_and_finishes_running(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
-    release = threading.Event()
-    started = threading.Event()
+    gate = Gate()
 
-    def slow(message: Message) -> None:
-        started.set()
-        release.wait(30)
-
-    rig = Rig(memory, clock, slow, concurrency=1, prefetch=5)
+    rig = Rig(memory, clock, gate, concurrency=1, prefetch=5)
     rig.send(*[f"m{i}" for i in range(5)])
     rig.worker.start()
-    assert started.wait(10)
+    assert gate.started.wait(10)
     wait_until(lambda: rig.worker.in_hand == 5)
     result: list[int] = []
     stopper = threading.Thread(target=lambda: result.append(rig.stop()))
     stopper.start()
     wait_until(lambda: rig.queue.counts().visible == 4, what="unstarted messages handed back")
     assert not result  # still waiting for the running handler
-    release.set()
+    gate.release.set()
     stopper.join(10)
     assert result == [0]
     assert rig.count("deleted") == 1 and rig.count("handed_back") == 4
@@ -284,17 +264,12 @@ def test_shutdown_hands_back_unstarted_and_finishes_running(
 def test_shutdown_past_its_timeout_hands_back_running_messages(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
-    release = threading.Event()
-    started = threading.Event()
+    gate = Gate()
 
-    def stuck(message: Message) -> None:
-        started.set()
-        release.wait(30)
-
-    rig = Rig(memory, clock, stuck, shutdown_timeout=5)
+    rig = Rig(memory, clock, gate, shutdown_timeout=5)
     rig.send("x")
     rig.worker.start()
-    assert started.wait(10)
+    assert gate.started.wait(10)
     rig.worker.request_stop()
     result: list[int] = []
     stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
@@ -304,7 +279,7 @@ def test_shutdown_past_its_timeout_hands_back_running_messages(
         stopper.join(0.01)
     assert result == [1]
     assert rig.queue.counts().visible == 1  # handed back, ready for another worker
-    release.set()
+    gate.release.set()
 
 
 def test_held_messages_stay_within_concurrency_plus_prefetch(
