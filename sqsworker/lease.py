@@ -316,7 +316,8 @@ class LeaseKeeper:
                 failure = failures.get(str(index))
                 if failure is None:
                     done.append(op)
-                    op.held.state = State.DONE if op.held.state is not State.LOST else State.LOST
+                    if op.held.state is not State.LOST:
+                        op.held.state = State.DONE
                     self._held.pop(op.held.envelope.receipt_handle, None)
                 elif failure.lease_lost:
                     if op.held.state is not State.LOST:
@@ -336,17 +337,19 @@ class LeaseKeeper:
                         )
         if retry:
             self._retry(retry)
-        deleted = [op.held.message for op in done if op.action == "delete"]
-        confirmed = [op.held.message for op in done if op.action == "delete" and not op.held.lost]
-        if deleted and len(confirmed) < len(deleted):
-            for op in done:
-                if op.action == "delete" and op.held.lost:
-                    self.observer.delete_failed(
-                        op.held.message,
-                        "deleted with the receipt handle of a lost lease; SQS may have "
-                        "delivered it again meanwhile",
-                        False,
-                    )
+        confirmed: list[Message] = []
+        for op in done:
+            if op.action != "delete":
+                continue
+            if op.held.lost:
+                self.observer.delete_failed(
+                    op.held.message,
+                    "deleted with the receipt handle of a lost lease; SQS may have "
+                    "delivered it again meanwhile",
+                    False,
+                )
+            else:
+                confirmed.append(op.held.message)
         if confirmed:
             self.observer.deleted(confirmed)
         by_reason: dict[tuple[int, str], list[Message]] = {}
