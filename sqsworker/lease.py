@@ -104,7 +104,6 @@ class LeaseKeeper:
         self._stopping = False
         self._give_up_at: float | None = None
         self._thread: threading.Thread | None = None
-        self.last_pass = clock.monotonic()  # liveness: when the loop last came round
 
     # -- called by the worker's threads -------------------------------------------
 
@@ -197,7 +196,6 @@ class LeaseKeeper:
             with self._wake:
                 while True:
                     now = self.clock.monotonic()
-                    self.last_pass = now
                     self._expire(now)
                     ops, renewals = self._due(now)
                     if ops or renewals:

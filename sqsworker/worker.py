@@ -57,7 +57,6 @@ class Worker:
         self._pending: deque[Held] = deque()  # received, waiting for a handler thread
         self._unfinished = 0  # received and not yet through a handler (or handed back)
         self._closing = False  # handler threads exit when _pending is empty
-        self._threads: list[threading.Thread] = []
         self._receiver: threading.Thread | None = None
         self.keeper: LeaseKeeper | None = None
 
@@ -95,7 +94,6 @@ class Worker:
                 target=self._work, name=f"sqsworker-handler-{index}", daemon=True
             )
             thread.start()
-            self._threads.append(thread)
         self._receiver = threading.Thread(
             target=self._receive_loop, name="sqsworker-receiver", daemon=True
         )

@@ -140,11 +140,6 @@ class MemorySQS:
         with self._lock:
             self._faults.setdefault(action, []).extend([error] * times)
 
-    def wake(self) -> None:
-        """Re-check long polls, e.g. after a test moved a fake clock."""
-        with self._changed:
-            self._changed.notify_all()
-
     # -- the API, called by MemoryTransport ------------------------------------
 
     def _begin(self, action: str) -> None:
