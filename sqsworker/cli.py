@@ -15,11 +15,15 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
+import structlog
+
 from . import __version__, config, logs
 from .errors import ConfigError, StartupError
-from .events import Observers, Tally
+from .events import Observer, Observers, Tally
 from .handler import as_handler
 from .importer import import_from_string
+from .metrics import Metrics
+from .telemetry import TelemetryServer
 from .worker import Worker
 
 EXIT_STARTUP = 1
@@ -114,22 +118,49 @@ def run(target: str, cli_options: dict[str, str | None]) -> int:
     except ConfigError as exc:
         fail(str(exc))
         return EXIT_USAGE
-    logs.configure(cfg.log_level)
+    logs.configure(cfg.log_level, cfg.log_format)
     tally = Tally()
-    worker = Worker(handler, cfg, observer=Observers([logs.LogObserver(handler.name), tally]))
+    observers: list[Observer] = [logs.LogObserver(handler.name, log_bodies=cfg.log_bodies), tally]
+    metrics = Metrics(cfg.queue, handler.name) if cfg.metrics_port is not None else None
+    if metrics:
+        observers.append(metrics)
+    worker = Worker(handler, cfg, observer=Observers(observers))
     signals = _Signals()
     signals.install()
+    server: TelemetryServer | None = None
+    if metrics and cfg.metrics_port is not None:
+        metrics.watch(worker)
+        try:
+            server = TelemetryServer(
+                metrics.registry, worker.health, cfg.metrics_host, cfg.metrics_port
+            ).start()
+        except OSError as exc:
+            fail(
+                f"could not serve metrics on {cfg.metrics_host}:{cfg.metrics_port} "
+                f"({exc.strerror or exc}); choose another --metrics-port, or pass off"
+            )
+            return EXIT_STARTUP
     try:
-        worker.start()
-    except StartupError as exc:
-        fail(str(exc))
-        return EXIT_STARTUP
-    while not worker.wait(0.2):  # signal handlers take no locks; act on their flag here
-        if signals.received.is_set():
-            worker.request_stop()
-    code = worker.shutdown()
-    logs.summary(tally.counts)
-    return code
+        try:
+            worker.start()
+        except StartupError as exc:
+            fail(str(exc))
+            return EXIT_STARTUP
+        if server:
+            structlog.get_logger("sqsworker").info(
+                "serving /metrics, /healthz and /readyz",
+                address=f"http://{cfg.metrics_host}:{server.port}",
+                port=server.port,
+            )
+        while not worker.wait(0.2):  # signal handlers take no locks; act on their flag here
+            if signals.received.is_set():
+                worker.request_stop()
+        code = worker.shutdown()
+        logs.summary(tally.counts)
+        return code
+    finally:
+        if server:
+            server.stop()
 
 
 def local(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from .errors import ConfigError
 MAX_VISIBILITY = 43_200  # SQS: 12 hours, counted from the receive
 MAX_WAIT_TIME = 20  # SQS: longest long poll
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "json", "console")
 
 ENV_PREFIX = "SQSWORKER_"
 
@@ -47,6 +48,15 @@ def _parse_float(raw: str) -> float:
 
 def _parse_optional_str(raw: str) -> str | None:
     return raw.strip() or None
+
+
+def _parse_port(raw: str) -> int | None:
+    if raw.strip().lower() in ("off", "none", ""):
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError("must be a port number, 0 for any free port, or off") from None
 
 
 def _parse_exceptions(raw: str) -> tuple[type[BaseException], ...]:
@@ -125,6 +135,42 @@ class WorkerConfig:
     log_level: str = field(
         default="info", metadata=_option("One of debug, info, warning, error.", str.lower)
     )
+    log_format: str = field(
+        default="auto",
+        metadata=_option(
+            "json (one JSON object per line), console, or auto: console on a terminal, "
+            "json otherwise.",
+            str.lower,
+        ),
+    )
+    log_bodies: bool = field(
+        default=False,
+        metadata=_option(
+            "Add the message body (first 4 KiB) to the log lines of failed messages. "
+            "Off by default: bodies may hold personal data.",
+            _parse_bool,
+        ),
+    )
+    metrics_port: int | None = field(
+        default=9000,
+        metadata=_option(
+            "Port serving /metrics, /healthz and /readyz; 0 picks a free port, off serves none.",
+            _parse_port,
+            metavar="PORT",
+        ),
+    )
+    metrics_host: str = field(
+        default="0.0.0.0",
+        metadata=_option("Address the metrics and health server listens on."),
+    )
+    stall_timeout: float = field(
+        default=120.0,
+        metadata=_option(
+            "Seconds past its expected length after which an SQS call or a pause of the "
+            "receive or lease thread counts as stuck, failing /healthz.",
+            _parse_float,
+        ),
+    )
     backoff_base: float = field(
         default=2.0,
         metadata=_option(
@@ -180,6 +226,12 @@ class WorkerConfig:
             fail("backoff_base", "must be from 0 to 43200 seconds")
         if not self.backoff_base <= self.backoff_max <= MAX_VISIBILITY:
             fail("backoff_max", "must be from the backoff base to 43200 seconds")
+        if self.log_format not in LOG_FORMATS:
+            fail("log_format", "must be one of " + ", ".join(LOG_FORMATS))
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            fail("metrics_port", "must be from 0 to 65535, or off")
+        if not self.stall_timeout > 0:
+            fail("stall_timeout", "must be more than 0 seconds")
         if not 0 <= self.delete_interval <= 10:
             fail("delete_interval", "must be from 0 to 10 seconds")
 

@@ -26,6 +26,7 @@ from .clock import Clock
 from .config import MAX_VISIBILITY
 from .errors import LeaseLost, TransportError
 from .events import Observer
+from .health import Progress
 from .message import Message
 from .transports import MAX_BATCH, BatchResult, Envelope, Transport, chunks
 
@@ -73,6 +74,13 @@ class Held:
         return self.keeper.extend(self, seconds)
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    waiting: int
+    running: int
+    oldest_received_at: float | None  # monotonic; the 12-hour cap counts from it
+
+
 @dataclass
 class _Op:
     held: Held
@@ -92,11 +100,14 @@ class LeaseKeeper:
         observer: Observer,
         *,
         delete_interval: float = 0.2,
+        stall_timeout: float = 120.0,
     ) -> None:
         self.transport = transport
         self.clock = clock
         self.observer = observer
         self.delete_interval = delete_interval
+        self.stall_timeout = stall_timeout
+        self.progress = Progress(clock)  # read by /healthz
         self._lock = threading.Lock()  # guards _held, _ops, every Held's state, _stopping
         self._wake = threading.Condition(self._lock)
         self._held: dict[str, Held] = {}  # by receipt handle
@@ -147,6 +158,20 @@ class LeaseKeeper:
     def held_count(self) -> int:
         with self._lock:
             return len(self._held)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def snapshot(self) -> Snapshot:
+        """What is held now, for the metrics: counts by state and the oldest receive."""
+        with self._lock:
+            held = list(self._held.values())
+        states = [h.state for h in held]
+        return Snapshot(
+            waiting=states.count(State.WAITING),
+            running=states.count(State.RUNNING),
+            oldest_received_at=min((h.received_at for h in held), default=None),
+        )
 
     def extend(self, held: Held, seconds: int) -> float:
         if not 1 <= seconds <= MAX_VISIBILITY:
@@ -202,7 +227,9 @@ class LeaseKeeper:
                         break
                     if self._stopping and (not self._ops or self._gave_up(now)):
                         return
+                    self.progress.idle()
                     self.clock.wait(self._wake, self._next_deadline(now))
+            self.progress.step(self.stall_timeout)
             try:
                 self._settle(ops)
                 self._renew(renewals)

@@ -1,7 +1,12 @@
 """Structured logs: an ``Observer`` that turns worker events into structlog lines.
 
-Every message-scoped line carries queue, message_id, receive_count and handler.
-Message bodies are never logged.
+Every message-scoped line carries queue, message_id, receive_count, handler and,
+when the producer sent one, the AWS trace header. Message bodies are logged only
+with ``--log-bodies``; credentials never.
+
+``configure`` renders every line the process writes the same way, JSON or
+console: structlog's own, and those of the standard ``logging`` module (boto3,
+the user's code) through structlog's ``ProcessorFormatter``.
 """
 
 from __future__ import annotations
@@ -22,19 +27,44 @@ if TYPE_CHECKING:
     from .transports import QueueInfo
 
 
-def configure(level: str = "info") -> None:
+BODY_LIMIT = 4096  # characters of a body logged with --log-bodies
+
+
+def configure(level: str = "info", fmt: str = "auto") -> None:
+    as_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True)
+        if as_json
+        else structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+    ]
+    renderer: Any
+    if as_json:
+        shared.append(structlog.processors.format_exc_info)
+        renderer = structlog.processors.JSONRenderer()
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
-        ],
+        processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
+    # The standard library's records (boto3's warnings, the handler's own logging
+    # calls) go through the same processors; third-party chatter stays at WARNING.
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [stream]
+    root.setLevel(logging.WARNING)
 
 
 def summary(counts: Mapping[str, int]) -> None:
@@ -56,18 +86,17 @@ def _error(error: BaseException) -> str:
 
 
 class LogObserver(Observer):
-    def __init__(self, handler: str, logger: Any = None) -> None:
+    def __init__(self, handler: str, logger: Any = None, *, log_bodies: bool = False) -> None:
         self.handler = handler
         self.log = logger or structlog.get_logger("sqsworker")
+        self.log_bodies = log_bodies
         self.max_receive_count: int | None = None
 
-    def _for(self, message: Message) -> Any:
-        return self.log.bind(
-            queue=message.queue,
-            message_id=message.message_id,
-            receive_count=message.receive_count,
-            handler=self.handler,
-        )
+    def _for(self, message: Message, with_body: bool = False) -> Any:
+        log = self.log.bind(**message.log_context, handler=self.handler)
+        if with_body and self.log_bodies:
+            log = log.bind(body=message.body[:BODY_LIMIT])
+        return log
 
     def worker_started(self, info: QueueInfo, config: WorkerConfig) -> None:
         self.max_receive_count = info.max_receive_count
@@ -101,13 +130,14 @@ class LogObserver(Observer):
         retry_in: float,
         last_attempt: bool,
     ) -> None:
-        log = self._for(message)
+        log = self._for(message, with_body=True)
         if last_attempt:
             log.error(
                 "handler failed on its last attempt; SQS moves the message to the "
                 "dead-letter queue on its next receive",
                 error=_error(error),
                 max_receive_count=self.max_receive_count,
+                exc_info=error,
             )
         else:
             log.warning(
@@ -119,14 +149,16 @@ class LogObserver(Observer):
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
     ) -> None:
+        log = self._for(message, with_body=True)
         if dead_letter:
-            self._for(message).error(
+            log.error(
                 "handler rejected the message; moved to the dead-letter queue",
                 error=_error(error),
                 dead_letter_queue=dead_letter,
+                exc_info=error,
             )
         else:
-            self._for(message).error(
+            log.error(
                 "handler rejected the message, but the queue has no dead-letter queue; "
                 "kept and retried after the longest backoff",
                 error=_error(error),

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import structlog
+
 from .errors import MessageDecodeError
 from .transports import Envelope
 
@@ -110,6 +112,28 @@ class Message:
     @property
     def sequence_number(self) -> str | None:
         return self.attributes.get("SequenceNumber")
+
+    @property
+    def trace_header(self) -> str | None:
+        """The AWS X-Ray trace header the producer sent, if any."""
+        return self.attributes.get("AWSTraceHeader")
+
+    @property
+    def log_context(self) -> dict[str, Any]:
+        """The fields every log line about this message carries. Never the body."""
+        context: dict[str, Any] = {
+            "queue": self.queue,
+            "message_id": self.message_id,
+            "receive_count": self.receive_count,
+        }
+        if self.trace_header:
+            context["aws_trace_header"] = self.trace_header
+        return context
+
+    @property
+    def log(self) -> Any:
+        """A structlog logger bound to ``log_context``, for the handler's own lines."""
+        return structlog.get_logger("sqsworker.handler").bind(**self.log_context)
 
     @property
     def sent_at(self) -> datetime | None:

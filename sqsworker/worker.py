@@ -14,11 +14,14 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING
 
+import structlog
+
 from .clock import Clock, SystemClock
 from .config import WorkerConfig
 from .errors import Reject, Retry, StartupError, TransportError
 from .events import Observer, Observers
 from .handler import Handler, as_handler
+from .health import Health, Progress
 from .lease import Held, LeaseKeeper
 from .policies import Backoff
 from .transports import MAX_BATCH, OutgoingMessage, Transport, send_all
@@ -58,6 +61,8 @@ class Worker:
         self._unfinished = 0  # received and not yet through a handler (or handed back)
         self._closing = False  # handler threads exit when _pending is empty
         self._receiver: threading.Thread | None = None
+        self._receiving = Progress(self.clock)  # read by /healthz
+        self._started = False
         self.keeper: LeaseKeeper | None = None
 
     @property
@@ -71,6 +76,20 @@ class Worker:
         """Messages received and not yet through a handler: running plus waiting to start."""
         with self._slots:
             return self._unfinished
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def health(self) -> Health:
+        return Health(
+            started=self._started,
+            stopping=self._stopping.is_set(),
+            receiver_overdue=self._receiving.overdue(),
+            lease_overdue=self.keeper.progress.overdue() if self.keeper else 0.0,
+            receiver_alive=self._receiver is not None and self._receiver.is_alive(),
+            lease_alive=self.keeper is not None and self.keeper.alive(),
+        )
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -86,7 +105,11 @@ class Worker:
                 max_connections=self.config.concurrency + 4,
             )
         self.keeper = LeaseKeeper(
-            self.transport, self.clock, self.observer, delete_interval=self.config.delete_interval
+            self.transport,
+            self.clock,
+            self.observer,
+            delete_interval=self.config.delete_interval,
+            stall_timeout=self.config.stall_timeout,
         )
         self.keeper.start()
         for index in range(self.config.concurrency):
@@ -94,11 +117,12 @@ class Worker:
                 target=self._work, name=f"sqsworker-handler-{index}", daemon=True
             )
             thread.start()
+        self.observer.worker_started(self.transport.info, self.config)
         self._receiver = threading.Thread(
             target=self._receive_loop, name="sqsworker-receiver", daemon=True
         )
         self._receiver.start()
-        self.observer.worker_started(self.transport.info, self.config)
+        self._started = True
 
     def request_stop(self) -> None:
         """Ask the worker to stop receiving; ``shutdown`` does the rest. Safe from any thread."""
@@ -166,6 +190,7 @@ class Worker:
             if free == 0:
                 return
             began = self.clock.monotonic()
+            self._receiving.step(self.config.wait_time + self.config.stall_timeout)
             try:
                 envelopes = self.transport.receive(
                     min(free, MAX_BATCH), self.config.wait_time, self.config.visibility_timeout
@@ -200,11 +225,13 @@ class Worker:
     def _await_room(self, batch: int) -> int:
         """Wait until a full batch fits under the held-message bound; 0 when stopping."""
         with self._slots:
+            self._receiving.idle()  # waiting on the handlers is not being stuck
             while not self._stopping.is_set() and self.capacity - self._unfinished < batch:
                 self._slots.wait()
             return 0 if self._stopping.is_set() else self.capacity - self._unfinished
 
     def _pause(self, seconds: float) -> None:
+        self._receiving.step(seconds + self.config.stall_timeout)
         deadline = self.clock.monotonic() + seconds
         with self._slots:
             while not self._stopping.is_set() and self.clock.monotonic() < deadline:
@@ -249,7 +276,11 @@ class Worker:
         self.observer.handler_started(message)
         started = self.clock.monotonic()
         try:
-            self.handler(message)
+            # Log lines of the handler's own (structlog or stdlib logging) carry these fields.
+            with structlog.contextvars.bound_contextvars(
+                **message.log_context, handler=self.handler.name
+            ):
+                self.handler(message)
         except Retry as exc:
             self._fail(held, exc, started, delay=exc.delay)
         except Exception as exc:

@@ -9,6 +9,7 @@ against both, so the model cannot drift from the real service.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -93,6 +94,8 @@ class BatchResult:
 
 class Transport(Protocol):
     info: QueueInfo
+    requests: Counter[str]  # API action -> requests sent, retries included
+    request_errors: Counter[tuple[str, str]]  # (action, error code) -> failed requests
 
     def receive(
         self,

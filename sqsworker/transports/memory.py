@@ -16,7 +16,8 @@ import re
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,7 @@ class MemorySQS:
         self.region = region
         self.account = account
         self.requests: Counter[str] = Counter()  # API action -> calls, for cost figures
+        self.request_errors: Counter[tuple[str, str]] = Counter()  # (action, code) -> failures
         self._queues: dict[str, _Queue] = {}
         self._faults: dict[str, list[Exception]] = {}
         self._lock = threading.Lock()
@@ -142,12 +144,18 @@ class MemorySQS:
 
     # -- the API, called by MemoryTransport ------------------------------------
 
-    def _begin(self, action: str) -> None:
-        """Count the request and raise an injected fault; called with the lock held."""
+    @contextmanager
+    def _request(self, action: str) -> Iterator[None]:
+        """Count the request and its failure; raise an injected fault. Hold the lock."""
         self.requests[action] += 1
-        faults = self._faults.get(action)
-        if faults:
-            raise faults.pop(0)
+        try:
+            faults = self._faults.get(action)
+            if faults:
+                raise faults.pop(0)
+            yield
+        except Exception as exc:
+            self.request_errors[action, getattr(exc, "code", None) or type(exc).__name__] += 1
+            raise
 
     def _queue(self, name: str) -> _Queue:
         try:
@@ -158,14 +166,13 @@ class MemorySQS:
     def receive(
         self, name: str, max_messages: int, wait_seconds: int, visibility: int
     ) -> list[Envelope]:
-        if not 1 <= max_messages <= MAX_BATCH:
-            raise _error("InvalidParameterValue", "MaxNumberOfMessages must be from 1 to 10")
-        if not 0 <= wait_seconds <= MAX_WAIT_TIME:
-            raise _error("InvalidParameterValue", "WaitTimeSeconds must be from 0 to 20")
-        if not 0 <= visibility <= MAX_VISIBILITY:
-            raise _error("InvalidParameterValue", "VisibilityTimeout must be from 0 to 43200")
-        with self._changed:
-            self._begin("ReceiveMessage")
+        with self._changed, self._request("ReceiveMessage"):
+            if not 1 <= max_messages <= MAX_BATCH:
+                raise _error("InvalidParameterValue", "MaxNumberOfMessages must be from 1 to 10")
+            if not 0 <= wait_seconds <= MAX_WAIT_TIME:
+                raise _error("InvalidParameterValue", "WaitTimeSeconds must be from 0 to 20")
+            if not 0 <= visibility <= MAX_VISIBILITY:
+                raise _error("InvalidParameterValue", "VisibilityTimeout must be from 0 to 43200")
             deadline = self.clock.monotonic() + wait_seconds
             while True:
                 taken = self._take(self._queue(name), max_messages, visibility)
@@ -253,8 +260,7 @@ class MemorySQS:
     def delete_batch(self, name: str, entries: Sequence[tuple[str, str]]) -> BatchResult:
         check_batch([entry_id for entry_id, _ in entries])
         result = BatchResult()
-        with self._changed:
-            self._begin("DeleteMessageBatch")
+        with self._changed, self._request("DeleteMessageBatch"):
             queue = self._queue(name)
             now = self.clock.monotonic()
             for entry_id, handle in entries:
@@ -284,8 +290,7 @@ class MemorySQS:
     ) -> BatchResult:
         check_batch([entry_id for entry_id, _, _ in entries])
         result = BatchResult()
-        with self._changed:
-            self._begin("ChangeMessageVisibilityBatch")
+        with self._changed, self._request("ChangeMessageVisibilityBatch"):
             queue = self._queue(name)
             now = self.clock.monotonic()
             for entry_id, handle, seconds in entries:
@@ -328,8 +333,7 @@ class MemorySQS:
     def send_batch(self, name: str, messages: Sequence[OutgoingMessage]) -> BatchResult:
         check_batch([str(i) for i in range(len(messages))])
         result = BatchResult()
-        with self._changed:
-            self._begin("SendMessageBatch")
+        with self._changed, self._request("SendMessageBatch"):
             queue = self._queue(name)
             size = sum(_size(m) for m in messages)
             if size > MAX_BATCH_PAYLOAD:
@@ -393,8 +397,7 @@ class MemorySQS:
         return message.message_id
 
     def counts(self, name: str) -> QueueCounts:
-        with self._lock:
-            self._begin("GetQueueAttributes")
+        with self._lock, self._request("GetQueueAttributes"):
             now = self.clock.monotonic()
             messages = self._queue(name).messages.values()
             in_flight = sum(1 for m in messages if m.in_flight(now))
@@ -416,6 +419,8 @@ class MemoryTransport:
     def __init__(self, service: MemorySQS, info: QueueInfo) -> None:
         self.service = service
         self.info = info
+        self.requests = service.requests
+        self.request_errors = service.request_errors
 
     def receive(
         self,

@@ -99,12 +99,16 @@ class SQSTransport:
         info: QueueInfo,
         *,
         requests: Counter[str] | None = None,
+        request_errors: Counter[tuple[str, str]] | None = None,
         attempts: int = 4,
         owns_client: bool = True,
     ) -> None:
         self.client = client
         self.info = info
         self.requests: Counter[str] = requests if requests is not None else Counter()
+        self.request_errors: Counter[tuple[str, str]] = (
+            request_errors if request_errors is not None else Counter()
+        )
         self.attempts = attempts
         self._owns_client = owns_client
 
@@ -164,6 +168,7 @@ class SQSTransport:
             self.client,
             info,
             requests=self.requests,
+            request_errors=self.request_errors,
             attempts=self.attempts,
             owns_client=owns_client,
         )
@@ -194,7 +199,10 @@ class SQSTransport:
                 try:
                     return method(**kwargs)
                 except (ClientError, BotoCoreError) as exc:
-                    raise translate(exc, action) from exc
+                    error = translate(exc, action)
+                    code = getattr(error, "code", None) or type(error).__name__
+                    self.request_errors[action, code] += 1
+                    raise error from exc
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
     # -- Transport -------------------------------------------------------------

@@ -8,108 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sqsworker.local import LocalSQS
-from sqsworker.transports import Transport, send_all
-from sqsworker.transports.sqs import SQSTransport
 
-from ..conftest import unique, wait_until
+from ..conftest import wait_until
+from .scenario import ROOT, Scenario
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class Ledger:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.touch()
-
-    def lines(self) -> list[list[str]]:
-        return [line.split() for line in self.path.read_text().splitlines()]
-
-    def count(self, event: str, kind: str | None = None) -> Counter[str]:
-        return Counter(
-            f"{k} {i}" for e, k, i, _, _ in self.lines() if e == event and kind in (None, k)
-        )
-
-
-class Scenario:
-    def __init__(
-        self, server: LocalSQS, tmp_path: Path, *, max_receive_count: int = 3, visibility: int = 2
-    ):
-        self.server = server
-        self.name = unique("orders")
-        server.create_queue(
-            self.name, max_receive_count=max_receive_count, visibility_timeout=visibility
-        )
-        self.queue: Transport = SQSTransport.connect(
-            self.name, endpoint_url=server.endpoint_url, region="us-east-1"
-        )
-        self.dlq: Transport = self.queue.open(self.name + "-dlq")
-        self.ledger = Ledger(tmp_path / "ledger.txt")
-        self.tmp_path = tmp_path
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def send(self, kind: str, count: int, **extra: Any) -> None:
-        start = sum(1 for _ in self.ledger.lines())  # ids only need to be unique per kind
-        send_all(
-            self.queue, [json.dumps({"kind": kind, "id": start + i, **extra}) for i in range(count)]
-        )
-
-    def worker(self, *args: str) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
-            **self.server.env(),
-            "LEDGER": str(self.ledger.path),
-            "PYTHONPATH": str(ROOT),
-        }
-        with open(self.tmp_path / f"worker-{len(self.procs)}.log", "wb") as log:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "sqsworker.cli",
-                    "run",
-                    "tests.integration.apps:work",
-                    "--queue",
-                    self.name,
-                    "--wait-time",
-                    "1",
-                    *args,
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
-        self.procs.append(proc)
-        return proc
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text() for p in sorted(self.tmp_path.glob("worker-*.log")))
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-@pytest.fixture
-def scenario(
-    local_sqs: LocalSQS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Scenario]:
-    for key, value in local_sqs.env().items():
-        monkeypatch.setenv(key, value)
-    made = Scenario(local_sqs, tmp_path)
-    yield made
-    made.close()
 
 
 def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(scenario: Scenario) -> None:
@@ -148,7 +56,7 @@ def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(scenario
     while batch := scenario.dlq.receive(10, 1, 30):
         dead += batch
     assert sorted(json.loads(m.body)["kind"] for m in dead) == ["fail", "fail"]
-    assert "leases lost" not in scenario.logs()
+    assert "lease lost" not in scenario.logs()
 
 
 def test_sigterm_hands_back_unstarted_and_lets_running_finish(scenario: Scenario) -> None:

@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqsworker import Backoff, Message, Worker, WorkerConfig
 from sqsworker.clock import FakeClock
-from sqsworker.events import Tally
-from sqsworker.transports import send_all
+from sqsworker.events import Observer, Observers, Tally
+from sqsworker.transports import Transport, send_all
 from sqsworker.transports.memory import MemorySQS
 
 from ..conftest import wait_until
@@ -37,6 +37,8 @@ class Rig:
         *,
         dead_letter: bool = True,
         max_receive_count: int = 3,
+        transport: Transport | None = None,
+        observers: Sequence[Observer] = (),
         **options: Any,
     ) -> None:
         self.memory, self.clock = memory, clock
@@ -57,9 +59,9 @@ class Rig:
         self.worker = Worker(
             handler,
             WorkerConfig(**{**settings, **options}),
-            transport=memory.transport("jobs"),
+            transport=transport or memory.transport("jobs"),
             clock=clock,
-            observer=self.tally,
+            observer=Observers([self.tally, *observers]),
             backoff=Backoff(2.0, 900.0, random.Random(7)),
         )
 

@@ -1,0 +1,80 @@
+"""Liveness of the worker's two long-lived threads, as ``/healthz`` reads it.
+
+Each thread marks the start of every step that must end by itself (an SQS call,
+a pause) with how long it may take, and marks itself idle while it waits on
+others (the receive thread for room, the lease thread for its next deadline).
+A thread is stuck when a step outlasts its allowance: a hung connection, a
+deadlock, a pause the process never wakes from.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+from .clock import Clock
+
+
+class Progress:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._since = clock.monotonic()
+        self._allowance = math.inf
+
+    def step(self, allowance: float) -> None:
+        """A step begins that must end within ``allowance`` seconds."""
+        with self._lock:
+            self._since = self._clock.monotonic()
+            self._allowance = allowance
+
+    def idle(self) -> None:
+        """Waiting on others, which is not being stuck."""
+        with self._lock:
+            self._since = self._clock.monotonic()
+            self._allowance = math.inf
+
+    def overdue(self) -> float:
+        """Seconds the current step has run past its allowance (0 if it has not)."""
+        with self._lock:
+            return max(0.0, self._clock.monotonic() - self._since - self._allowance)
+
+
+@dataclass(frozen=True)
+class Health:
+    started: bool
+    stopping: bool
+    receiver_overdue: float  # seconds past its allowance; 0 when making progress
+    lease_overdue: float
+    receiver_alive: bool
+    lease_alive: bool
+
+    @property
+    def live(self) -> bool:
+        """Both threads make progress. A stopping worker stays live until it exits."""
+        if not self.started:
+            return True
+        receiver_ok = self.stopping or (self.receiver_alive and self.receiver_overdue == 0)
+        lease_ok = (self.stopping or self.lease_alive) and self.lease_overdue == 0
+        return receiver_ok and lease_ok
+
+    @property
+    def ready(self) -> bool:
+        """Started (the queue was reachable) and not shutting down."""
+        return self.started and not self.stopping
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "live": self.live,
+            "ready": self.ready,
+            "stopping": self.stopping,
+            "receiver": _thread(self.receiver_alive, self.receiver_overdue),
+            "lease": _thread(self.lease_alive, self.lease_overdue),
+        }
+
+
+def _thread(alive: bool, overdue: float) -> str:
+    if not alive:
+        return "exited"
+    return f"stuck for {overdue:.0f}s past its allowance" if overdue else "ok"

@@ -1,0 +1,269 @@
+"""Prometheus metrics: an ``Observer`` for what happens, a collector for what is held.
+
+Counters and histograms move with the worker's events. What the worker holds
+now (messages by state, the oldest lease's distance to the 12-hour cap, SQS
+requests so far) is read from the worker when Prometheus scrapes, so the hot
+path pays nothing for it. Each ``Metrics`` has its own registry, so several
+workers can live in one process. Every metric is listed in docs/observability.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .clock import Clock, SystemClock
+from .config import MAX_VISIBILITY
+from .events import Observer
+
+if TYPE_CHECKING:
+    from .config import WorkerConfig
+    from .errors import TransportError
+    from .message import Message
+    from .transports import QueueInfo
+    from .worker import Worker
+
+LABELS = ("queue", "handler")
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+AGE_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, 4 * 86400)
+RECEIVE_COUNT_BUCKETS = (1, 2, 3, 5, 10, 20, 50, 100)
+
+
+def queue_name(queue: str) -> str:
+    """The queue's name, given a name, a URL or an ARN."""
+    return queue.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+
+
+class Metrics(Observer):
+    def __init__(
+        self,
+        queue: str,
+        handler: str,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.clock: Clock = clock or SystemClock()
+        self.labels = {"queue": queue_name(queue), "handler": handler}
+        r = self.registry
+
+        def counter(name: str, text: str, *extra: str) -> Counter:
+            return Counter(name, text, [*LABELS, *extra], registry=r)
+
+        self.messages_received = counter("sqsworker_messages_received", "Messages received.")
+        self.messages_succeeded = counter(
+            "sqsworker_messages_succeeded", "Messages whose handler returned normally."
+        )
+        self.messages_failed = counter(
+            "sqsworker_messages_failed",
+            "Handler failures (retried or rejected), by exception type.",
+            "exception",
+        )
+        self.messages_retried = counter(
+            "sqsworker_messages_retried", "Failed messages returned to the queue to be retried."
+        )
+        self.messages_dead_lettered = counter(
+            "sqsworker_messages_dead_lettered",
+            "Messages bound for the dead-letter queue: reason=max_receives when the last "
+            "attempt failed (SQS moves it on the next receive), reason=rejected when the "
+            "handler rejected it (moved by the worker).",
+            "reason",
+        )
+        self.messages_skipped = counter(
+            "sqsworker_messages_skipped", "Held messages not run because their lease was lost."
+        )
+        self.deletes = counter(
+            "sqsworker_deletes",
+            "Messages deleted: after success, or once a rejected message was copied to the "
+            "dead-letter queue.",
+        )
+        self.delete_failures = counter(
+            "sqsworker_delete_failures",
+            "Deletes that failed; will_retry=false means the message may be delivered again.",
+            "will_retry",
+        )
+        self.extensions = counter(
+            "sqsworker_visibility_extensions", "Leases renewed (one per message per renewal)."
+        )
+        self.leases_lost = counter(
+            "sqsworker_leases_lost", "Leases lost: another consumer may now have the message."
+        )
+        self.near_cap = counter(
+            "sqsworker_leases_near_cap", "Messages that neared the 12-hour visibility cap."
+        )
+        self.handed_back = counter(
+            "sqsworker_messages_handed_back", "Messages made visible again at shutdown."
+        )
+        self.empty_receives = counter(
+            "sqsworker_empty_receives", "Receives that returned no message."
+        )
+        self.receive_failures = counter(
+            "sqsworker_receive_failures", "Receives that failed after the transport's retries."
+        )
+        self.duration = Histogram(
+            "sqsworker_handler_duration_seconds",
+            "Handler run time, by outcome (success, failure, rejected).",
+            [*LABELS, "outcome"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.age = Histogram(
+            "sqsworker_message_age_seconds",
+            "Time from SentTimestamp until the handler started.",
+            LABELS,
+            buckets=AGE_BUCKETS,
+            registry=r,
+        )
+        self.receive_count = Histogram(
+            "sqsworker_message_receive_count",
+            "ApproximateReceiveCount of each message when its handler started.",
+            LABELS,
+            buckets=RECEIVE_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.up = Gauge(
+            "sqsworker_info", "Always 1; its labels tell the version.", ["version"], registry=r
+        )
+        self.up.labels(version=__version__).set(1)
+
+    def watch(self, worker: Worker) -> None:
+        """Also report what ``worker`` holds and the SQS requests it made, at each scrape."""
+        self.registry.register(_HeldCollector(worker, self.labels))
+
+    # -- events ------------------------------------------------------------------------
+
+    def received(self, messages: Sequence[Message]) -> None:
+        self.messages_received.labels(**self.labels).inc(len(messages))
+
+    def receive_empty(self) -> None:
+        self.empty_receives.labels(**self.labels).inc()
+
+    def receive_failed(self, error: TransportError, retry_in: float) -> None:
+        self.receive_failures.labels(**self.labels).inc()
+
+    def handler_started(self, message: Message) -> None:
+        self.receive_count.labels(**self.labels).observe(message.receive_count)
+        if message.sent_at is not None:
+            age = self.clock.time() - message.sent_at.timestamp()
+            self.age.labels(**self.labels).observe(max(0.0, age))
+
+    def handler_succeeded(self, message: Message, duration: float) -> None:
+        self.messages_succeeded.labels(**self.labels).inc()
+        self.duration.labels(**self.labels, outcome="success").observe(duration)
+
+    def handler_failed(
+        self,
+        message: Message,
+        error: BaseException,
+        duration: float,
+        retry_in: float,
+        last_attempt: bool,
+    ) -> None:
+        self.messages_failed.labels(**self.labels, exception=type(error).__name__).inc()
+        self.duration.labels(**self.labels, outcome="failure").observe(duration)
+        if last_attempt:
+            self.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
+        else:
+            self.messages_retried.labels(**self.labels).inc()
+
+    def handler_rejected(
+        self, message: Message, error: BaseException, duration: float, dead_letter: str | None
+    ) -> None:
+        self.messages_failed.labels(**self.labels, exception=type(error).__name__).inc()
+        self.duration.labels(**self.labels, outcome="rejected").observe(duration)
+        if dead_letter:
+            self.messages_dead_lettered.labels(**self.labels, reason="rejected").inc()
+
+    def handler_skipped(self, message: Message, reason: str) -> None:
+        self.messages_skipped.labels(**self.labels).inc()
+
+    def deleted(self, messages: Sequence[Message]) -> None:
+        self.deletes.labels(**self.labels).inc(len(messages))
+
+    def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
+        self.delete_failures.labels(**self.labels, will_retry=str(will_retry).lower()).inc()
+
+    def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
+        if reason == "shutdown":
+            self.handed_back.labels(**self.labels).inc(len(messages))
+
+    def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:
+        self.extensions.labels(**self.labels).inc(len(messages))
+
+    def lease_lost(self, message: Message, reason: str) -> None:
+        self.leases_lost.labels(**self.labels).inc()
+
+    def lease_near_cap(self, message: Message, seconds_left: float) -> None:
+        self.near_cap.labels(**self.labels).inc()
+
+    def worker_started(self, info: QueueInfo, config: WorkerConfig) -> None:
+        # Create the labelled series now, so they read 0 instead of being absent.
+        for metric in (
+            self.messages_received,
+            self.messages_succeeded,
+            self.messages_retried,
+            self.messages_skipped,
+            self.deletes,
+            self.extensions,
+            self.leases_lost,
+            self.handed_back,
+            self.empty_receives,
+        ):
+            metric.labels(**self.labels)
+
+
+class _HeldCollector(Collector):
+    """Gauges read from the worker at scrape time."""
+
+    def __init__(self, worker: Worker, labels: dict[str, str]) -> None:
+        self.worker = worker
+        self.labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        names, values = list(self.labels), list(self.labels.values())
+        keeper = self.worker.keeper
+        held = GaugeMetricFamily(
+            "sqsworker_messages_held",
+            "Messages held now, by state: running, or waiting for a handler thread.",
+            labels=[*names, "state"],
+        )
+        cap = GaugeMetricFamily(
+            "sqsworker_visibility_cap_seconds_left",
+            "Seconds before the 12-hour visibility cap for the oldest held message "
+            "(NaN when none is held).",
+            labels=names,
+        )
+        if keeper is not None:
+            snapshot = keeper.snapshot()
+            held.add_metric([*values, "running"], snapshot.running)
+            held.add_metric([*values, "waiting"], snapshot.waiting)
+            left = math.nan
+            if snapshot.oldest_received_at is not None:
+                elapsed = self.worker.clock.monotonic() - snapshot.oldest_received_at
+                left = max(0.0, MAX_VISIBILITY - elapsed)
+            cap.add_metric(values, left)
+        yield held
+        yield cap
+        requests = CounterMetricFamily(
+            "sqsworker_sqs_requests",
+            "SQS API requests sent, by action and outcome (success or the error code); "
+            "retries count as requests.",
+            labels=[*names, "action", "outcome"],
+        )
+        if self.worker.started:
+            transport = self.worker.transport
+            sent = dict(transport.requests)
+            errors = dict(transport.request_errors)
+            for action, count in sorted(sent.items()):
+                failed = sum(n for (a, _), n in errors.items() if a == action)
+                requests.add_metric([*values, action, "success"], count - failed)
+            for (action, code), count in sorted(errors.items()):
+                requests.add_metric([*values, action, code], count)
+        yield requests

@@ -1,0 +1,97 @@
+"""Real `sqsworker run` processes on a queue of moto's server, and their ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sqsworker.local import LocalSQS
+from sqsworker.transports import Transport, send_all
+from sqsworker.transports.sqs import SQSTransport
+
+from ..conftest import unique
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+
+    def lines(self) -> list[list[str]]:
+        return [line.split() for line in self.path.read_text().splitlines()]
+
+    def count(self, event: str, kind: str | None = None) -> Counter[str]:
+        return Counter(
+            f"{k} {i}" for e, k, i, _, _ in self.lines() if e == event and kind in (None, k)
+        )
+
+
+class Scenario:
+    def __init__(
+        self, server: LocalSQS, tmp_path: Path, *, max_receive_count: int = 3, visibility: int = 2
+    ):
+        self.server = server
+        self.name = unique("orders")
+        server.create_queue(
+            self.name, max_receive_count=max_receive_count, visibility_timeout=visibility
+        )
+        self.queue: Transport = SQSTransport.connect(
+            self.name, endpoint_url=server.endpoint_url, region="us-east-1"
+        )
+        self.dlq: Transport = self.queue.open(self.name + "-dlq")
+        self.ledger = Ledger(tmp_path / "ledger.txt")
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def send(self, kind: str, count: int, **extra: Any) -> None:
+        start = sum(1 for _ in self.ledger.lines())  # ids only need to be unique per kind
+        send_all(
+            self.queue, [json.dumps({"kind": kind, "id": start + i, **extra}) for i in range(count)]
+        )
+
+    def worker(self, *args: str) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            **self.server.env(),
+            "LEDGER": str(self.ledger.path),
+            "PYTHONPATH": str(ROOT),
+        }
+        with open(self.tmp_path / f"worker-{len(self.procs)}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sqsworker.cli",
+                    "run",
+                    "tests.integration.apps:work",
+                    "--queue",
+                    self.name,
+                    "--wait-time",
+                    "1",
+                    "--metrics-port",
+                    "0",
+                    *args,
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        self.procs.append(proc)
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.tmp_path.glob("worker-*.log")))
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,276 @@
+"""Metrics, health endpoints and JSON logs, on the in-memory SQS with a fake clock."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import structlog
+
+from sqsworker import Message, Reject
+from sqsworker.clock import FakeClock
+from sqsworker.errors import TransportError
+from sqsworker.logs import LogObserver, configure
+from sqsworker.metrics import Metrics
+from sqsworker.telemetry import TelemetryServer
+from sqsworker.transports import BatchResult, Envelope
+from sqsworker.transports.memory import MemorySQS, MemoryTransport
+
+from ..conftest import wait_until
+from .helpers import Gate, Rig
+
+
+class Stallable(MemoryTransport):
+    """A memory transport whose receive or visibility calls can be made to hang."""
+
+    def __init__(self, memory: MemorySQS) -> None:
+        base = memory.transport("jobs")
+        super().__init__(memory, base.info)
+        self.stall: set[str] = set()
+        self.stalled = threading.Event()  # a call is hanging now
+        self.release = threading.Event()
+
+    def _hang(self, action: str) -> None:
+        if action in self.stall:
+            self.stalled.set()
+            self.release.wait(30)
+
+    def receive(
+        self, max_messages: int, wait_seconds: int, visibility_timeout: int, attempt_id: Any = None
+    ) -> list[Envelope]:
+        self._hang("receive")
+        return super().receive(max_messages, wait_seconds, visibility_timeout, attempt_id)
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        self._hang("visibility")
+        return super().change_visibility_batch(entries)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.read().decode()
+
+
+@pytest.fixture
+def metrics(clock: FakeClock) -> Metrics:
+    return Metrics("jobs", "tests.handler", clock=clock)
+
+
+def serve(rig: Rig, metrics: Metrics) -> TelemetryServer:
+    metrics.watch(rig.worker)
+    return TelemetryServer(metrics.registry, rig.worker.health, "127.0.0.1", 0).start()
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(
+        name, {"queue": "jobs", "handler": "tests.handler", **labels}
+    )
+    return 0.0 if value is None else value
+
+
+def test_counters_match_what_happened(
+    memory: MemorySQS, clock: FakeClock, metrics: Metrics
+) -> None:
+    def handler(message: Message) -> None:
+        if message.body == "poison":
+            raise Reject("cannot be processed")
+        if message.body == "flaky" and message.receive_count == 1:
+            raise ValueError("first attempt fails")
+
+    rig = Rig(memory, clock, handler, concurrency=4, observers=[metrics])
+    metrics.watch(rig.worker)
+    rig.send(*["ok"] * 20, *["poison"] * 5, "flaky")
+    memory.inject_fault("DeleteMessageBatch", TransportError("boom", code="ServiceUnavailable"))
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 26)
+
+    assert sample(metrics, "sqsworker_messages_received_total") == 27
+    assert sample(metrics, "sqsworker_messages_succeeded_total") == 21
+    assert sample(metrics, "sqsworker_messages_failed_total", exception="Reject") == 5
+    assert sample(metrics, "sqsworker_messages_failed_total", exception="ValueError") == 1
+    assert sample(metrics, "sqsworker_messages_retried_total") == 1
+    assert sample(metrics, "sqsworker_messages_dead_lettered_total", reason="rejected") == 5
+    assert sample(metrics, "sqsworker_deletes_total") == 26
+    assert sample(metrics, "sqsworker_handler_duration_seconds_count", outcome="success") == 21
+    assert sample(metrics, "sqsworker_message_receive_count_sum") == 26 + 2
+    deletes = memory.requests["DeleteMessageBatch"]
+    assert sample(
+        metrics, "sqsworker_sqs_requests_total", action="DeleteMessageBatch", outcome="success"
+    ) == (deletes - 1)
+    assert (
+        sample(
+            metrics,
+            "sqsworker_sqs_requests_total",
+            action="DeleteMessageBatch",
+            outcome="ServiceUnavailable",
+        )
+        == 1
+    )
+    assert rig.stop() == 0
+
+
+def test_held_gauges_and_the_cap_countdown(
+    memory: MemorySQS, clock: FakeClock, metrics: Metrics
+) -> None:
+    gate = Gate()
+    rig = Rig(memory, clock, gate, concurrency=1, prefetch=1, observers=[metrics])
+    metrics.watch(rig.worker)
+    rig.send("a", "b")
+    rig.worker.start()
+    assert gate.started.wait(10)
+    wait_until(lambda: sample(metrics, "sqsworker_messages_held", state="waiting") == 1)
+    assert sample(metrics, "sqsworker_messages_held", state="running") == 1
+    clock.advance(4)  # within the 10 s lease: nothing is due yet
+    assert sample(metrics, "sqsworker_visibility_cap_seconds_left") == 43_200 - 4
+    clock.advance(2)  # past half the lease: renewed
+    wait_until(lambda: sample(metrics, "sqsworker_visibility_extensions_total") == 2)
+    gate.release.set()
+    rig.advance_until(lambda: rig.count("deleted") == 2)
+    assert sample(metrics, "sqsworker_messages_held", state="running") == 0
+    assert math.isnan(sample(metrics, "sqsworker_visibility_cap_seconds_left"))  # none held
+    rig.stop()
+
+
+def test_healthz_fails_while_the_lease_thread_is_stuck(
+    memory: MemorySQS, clock: FakeClock, metrics: Metrics
+) -> None:
+    memory.create_queue_with_dlq("jobs")
+    transport = Stallable(memory)
+    gate = Gate()
+    rig = Rig(memory, clock, gate, transport=transport, stall_timeout=5, observers=[metrics])
+    server = serve(rig, metrics)
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        rig.send("long job")
+        rig.worker.start()
+        assert gate.started.wait(10)
+        assert get(url + "/healthz")[0] == 200
+        transport.stall.add("visibility")
+        clock.advance(5)  # the renewal is due at half the 10 s lease: its call hangs
+        assert transport.stalled.wait(10)
+        assert get(url + "/healthz")[0] == 200  # within its allowance
+        clock.advance(6)
+        status, body = get(url + "/healthz")
+        assert status == 503
+        assert json.loads(body)["lease"].startswith("stuck")
+        assert get(url + "/readyz")[0] == 200  # still ready: liveness is what restarts it
+        transport.release.set()
+        wait_until(lambda: get(url + "/healthz")[0] == 200, what="the lease thread recovered")
+        gate.release.set()
+        rig.stop()
+    finally:
+        gate.release.set()
+        transport.release.set()
+        server.stop()
+
+
+def test_healthz_fails_while_a_receive_hangs(memory: MemorySQS, clock: FakeClock) -> None:
+    memory.create_queue_with_dlq("jobs")
+    transport = Stallable(memory)
+    transport.stall.add("receive")
+    rig = Rig(memory, clock, lambda m: None, transport=transport, stall_timeout=5)
+    rig.worker.start()
+    try:
+        assert transport.stalled.wait(10)
+        assert rig.worker.health().live
+        clock.advance(6)
+        health = rig.worker.health()
+        assert not health.live
+        assert health.as_dict()["receiver"].startswith("stuck")
+    finally:
+        transport.release.set()
+    rig.stop()
+
+
+def test_readyz_before_start_while_running_and_during_shutdown(
+    memory: MemorySQS, clock: FakeClock, metrics: Metrics
+) -> None:
+    gate = Gate()
+    rig = Rig(memory, clock, gate, observers=[metrics])
+    server = serve(rig, metrics)
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        assert get(url + "/readyz")[0] == 503
+        rig.send("x")
+        rig.worker.start()
+        assert get(url + "/readyz")[0] == 200
+        assert gate.started.wait(10)
+        rig.worker.request_stop()
+        stopping = threading.Thread(target=rig.worker.shutdown)
+        stopping.start()
+        assert get(url + "/readyz")[0] == 503
+        assert get(url + "/healthz")[0] == 200  # finishing its message: do not kill it
+        gate.release.set()
+        stopping.join(10)
+        assert get(url + "/metrics")[0] == 200
+        assert get(url + "/nowhere")[0] == 404
+    finally:
+        gate.release.set()
+        server.stop()
+
+
+@pytest.fixture
+def json_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    configure("info", "json")
+    yield stream
+    structlog.reset_defaults()
+    logging.getLogger().handlers = []
+
+
+def test_json_logs_carry_message_fields_and_never_the_body(
+    memory: MemorySQS, clock: FakeClock, json_logs: io.StringIO
+) -> None:
+    def handler(message: Message) -> None:
+        structlog.get_logger("app").info("charging the card")
+        logging.getLogger("app.stdlib").warning("slow payment provider")
+        raise Reject("card declined")
+
+    rig = Rig(memory, clock, handler, observers=[LogObserver("tests.handler")])
+    rig.send('{"card": "4111-SECRET"}')  # a body that must not reach the logs
+    rig.worker.start()
+    rig.wait_for("rejected", 1)
+    rig.stop()
+    lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    assert "4111-SECRET" not in json_logs.getvalue()
+    by_event = {line["event"]: line for line in lines}
+    for event in ("charging the card", "slow payment provider"):
+        line = by_event[event]
+        assert line["message_id"] and line["queue"] == "jobs" and line["receive_count"] == 1
+        assert line["handler"].endswith("handler")
+    rejected = by_event["handler rejected the message; moved to the dead-letter queue"]
+    assert rejected["level"] == "error" and "Reject: card declined" in rejected["exception"]
+
+
+def test_bodies_are_logged_only_when_asked(
+    memory: MemorySQS, clock: FakeClock, json_logs: io.StringIO
+) -> None:
+    def handler(message: Message) -> None:
+        raise Reject("no")
+
+    rig = Rig(memory, clock, handler, observers=[LogObserver("h", log_bodies=True)])
+    rig.send("the body")
+    rig.worker.start()
+    rig.wait_for("rejected", 1)
+    rig.stop()
+    lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    assert [line["body"] for line in lines if "body" in line] == ["the body"]
+
+
+def test_the_trace_header_joins_the_log_context() -> None:
+    message = Message.build("{}", AWSTraceHeader="Root=1-5759e988-bd862e3fe1be46a994272793")
+    assert message.log_context["aws_trace_header"] == "Root=1-5759e988-bd862e3fe1be46a994272793"
+    assert "aws_trace_header" not in Message.build("{}").log_context
