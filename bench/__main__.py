@@ -10,14 +10,19 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
+import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqsworker import Message, Worker, WorkerConfig
-from sqsworker.events import Tally
+from sqsworker.events import Observer, Observers, Tally
 from sqsworker.local import LocalSQS
+from sqsworker.metrics import Metrics
+from sqsworker.telemetry import TelemetryServer
 from sqsworker.transports import Transport, send_all
 from sqsworker.transports.memory import MemorySQS
 from sqsworker.transports.sqs import SQSTransport
@@ -60,6 +65,7 @@ def drain(
     handler: Callable[[Message], None],
     concurrency: int,
     ideal: float | None = None,
+    metrics: bool = False,
 ) -> Result:
     send_all(transport, [f'{{"n": {i}}}' for i in range(messages)])
     before = Counter(requests)
@@ -71,14 +77,63 @@ def drain(
         burst=True,
         visibility_timeout=30,
     )
-    worker = Worker(handler, config, transport=transport, observer=tally)
+    observers: list[Observer] = [tally]
+    if metrics:  # as `sqsworker run` wires them, scraped twice a second
+        recorder = Metrics(config.queue, "bench.handler")
+        observers.append(recorder)
+    worker = Worker(handler, config, transport=transport, observer=Observers(observers))
+    server = scraper = None
+    if metrics:
+        recorder.watch(worker)
+        server = TelemetryServer(recorder.registry, worker.health, "127.0.0.1", 0).start()
+        scraper = Scraper(f"http://127.0.0.1:{server.port}/metrics", every=0.5)
     started = time.perf_counter()
     worker.start()
     worker.wait()
     elapsed = time.perf_counter() - started
     worker.shutdown()
+    if server and scraper:
+        scraper.stop()
+        server.stop()
     assert tally.counts["deleted"] == messages, tally.counts
     return Result(name, messages, elapsed, requests - before, tally.counts["empty_receives"], ideal)
+
+
+class Scraper:
+    """A Prometheus stand-in: GET the metrics page every ``every`` seconds."""
+
+    def __init__(self, url: str, every: float) -> None:
+        self.url, self.every = url, every
+        self.scrapes = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every):
+            with urllib.request.urlopen(self.url, timeout=10) as response:
+                response.read()
+            self.scrapes += 1
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def metrics_cost(messages: int, rounds: int) -> tuple[list[float], list[float]]:
+    """Throughput with metrics off and on, alternating, on the in-memory SQS."""
+    memory = MemorySQS()
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for index in range(rounds * 2):
+        on = index % 2 == 1
+        queue = f"bench-metrics-{index}"
+        memory.create_queue(queue)
+        name = "metrics on" if on else "metrics off"
+        result = drain(
+            name, memory.transport(queue), memory.requests, messages, noop, 16, metrics=on
+        )
+        rates[on].append(result.rate)
+    return rates[False], rates[True]
 
 
 def noop(message: Message) -> None:
@@ -97,7 +152,11 @@ def main() -> None:
     parser.add_argument("--memory-messages", type=int, default=5000)
     parser.add_argument("--moto-messages", type=int, default=500)
     parser.add_argument("--slow-messages", type=int, default=2000)
+    parser.add_argument("--metrics-messages", type=int, default=5000)
+    parser.add_argument("--metrics-rounds", type=int, default=5)
     args = parser.parse_args()
+
+    off, on = metrics_cost(args.metrics_messages, args.metrics_rounds)
 
     results: list[Result] = []
     memory = MemorySQS()
@@ -138,6 +197,13 @@ def main() -> None:
             f"{r.name:<46}{r.messages:>6}{r.rate:>9.0f}{r.saturated_requests_per_message:>14.3f}"
             f"{r.total_requests_per_message:>13.3f}{of_ideal:>10}"
         )
+    print(
+        f"\nmetrics cost (memory, no-op handlers, {args.metrics_messages} msgs, "
+        f"{args.metrics_rounds} alternating rounds, scraped every 0.5 s):"
+    )
+    print(f"  off msg/s: {' '.join(f'{r:.0f}' for r in off)}  median {statistics.median(off):.0f}")
+    print(f"  on  msg/s: {' '.join(f'{r:.0f}' for r in on)}  median {statistics.median(on):.0f}")
+    print(f"  on / off (medians): {statistics.median(on) / statistics.median(off):.3f}")
     print(f"\npeak RSS of the benchmark process: {peak_mb:.0f} MB")
     print(
         "req/msg busy: receives that returned messages + deletes + renewals, per message "

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -46,6 +49,7 @@ def main() -> int:
         )
         print("== slow orders take 5 s: longer than the visibility timeout, so leases are renewed")
 
+        metrics_port = _free_port()
         command = [
             sys.executable,
             "-m",
@@ -61,22 +65,49 @@ def main() -> int:
             "0.5",
             "--backoff-max",
             "2",
+            "--metrics-port",
+            str(metrics_port),
+            "--log-format",
+            "console",
         ]
-        print("== running: sqsworker run examples.orders:process --burst ...\n", flush=True)
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        print("== running: sqsworker run examples.orders:process --burst ...")
+        print(f"== while it runs: curl {metrics_url} (also /healthz and /readyz)\n", flush=True)
         env = {**os.environ, "ORDERS_LEDGER": str(ledger), "PYTHONPATH": str(ROOT)}
         worker = subprocess.Popen(command, env=env, cwd=ROOT)
 
         done = threading.Event()
-        threading.Thread(target=_progress, args=(queue, dlq, done), daemon=True).start()
+        scrapes: list[str] = []
+        threading.Thread(
+            target=_progress, args=(queue, dlq, metrics_url, scrapes, done), daemon=True
+        ).start()
         code = worker.wait()
         done.set()
         _summary(ledger, dlq, len(bodies))
+        _metrics(metrics_url, scrapes[-1] if scrapes else "")
         queue.close()
         return code
 
 
-def _progress(queue: SQSTransport, dlq: SQSTransport, done: threading.Event) -> None:
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _progress(
+    queue: SQSTransport,
+    dlq: SQSTransport,
+    metrics_url: str,
+    scrapes: list[str],
+    done: threading.Event,
+) -> None:
     while not done.wait(2):
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=2) as response:
+                scrapes.append(response.read().decode())
+        except OSError:
+            pass  # not serving yet, or already stopped
         counts = queue.counts()
         print(
             f"   .. queue: {counts.visible} waiting, {counts.in_flight} in flight; "
@@ -116,6 +147,24 @@ def _summary(ledger: Path, dlq: SQSTransport, sent: int) -> None:
         f"\n   {sent} sent, {sum(done.values())} done, {sum(dead.values())} in the dead-letter "
         f"queue, {lost} lost."
     )
+
+
+def _metrics(url: str, text: str) -> None:
+    """A few series of the last scrape: what Prometheus would have seen."""
+    shown = (
+        "sqsworker_messages_succeeded_total",
+        "sqsworker_messages_failed_total",
+        "sqsworker_messages_dead_lettered_total",
+        "sqsworker_visibility_extensions_total",
+        "sqsworker_sqs_requests_total",
+    )
+    lines = [line for line in text.splitlines() if line.startswith(shown)]
+    if not lines:
+        return
+    print(f"\n== metrics, as last scraped from {url} (all of them: docs/observability.md)")
+    for line in lines:  # the queue and handler labels are the same on every line
+        line = re.sub(r'(handler|queue)="[^"]*",?', "", line).replace(",}", "}")
+        print("   " + line.replace("{}", ""))
 
 
 if __name__ == "__main__":

@@ -23,10 +23,8 @@ from .config import MAX_VISIBILITY
 from .events import Observer
 
 if TYPE_CHECKING:
-    from .config import WorkerConfig
     from .errors import TransportError
     from .message import Message
-    from .transports import QueueInfo
     from .worker import Worker
 
 LABELS = ("queue", "handler")
@@ -132,6 +130,22 @@ class Metrics(Observer):
             "sqsworker_info", "Always 1; its labels tell the version.", ["version"], registry=r
         )
         self.up.labels(version=__version__).set(1)
+        # Children bound once: .labels() takes a lock and a lookup, too dear per message.
+        bound = self.labels
+        self._received = self.messages_received.labels(**bound)
+        self._succeeded = self.messages_succeeded.labels(**bound)
+        self._retried = self.messages_retried.labels(**bound)
+        self._skipped = self.messages_skipped.labels(**bound)
+        self._deletes = self.deletes.labels(**bound)
+        self._extensions = self.extensions.labels(**bound)
+        self._lost = self.leases_lost.labels(**bound)
+        self._near_cap = self.near_cap.labels(**bound)
+        self._handed_back = self.handed_back.labels(**bound)
+        self._empty = self.empty_receives.labels(**bound)
+        self._receive_failures = self.receive_failures.labels(**bound)
+        self._age = self.age.labels(**bound)
+        self._receive_count = self.receive_count.labels(**bound)
+        self._succeeded_duration = self.duration.labels(**bound, outcome="success")
 
     def watch(self, worker: Worker) -> None:
         """Also report what ``worker`` holds and the SQS requests it made, at each scrape."""
@@ -140,23 +154,23 @@ class Metrics(Observer):
     # -- events ------------------------------------------------------------------------
 
     def received(self, messages: Sequence[Message]) -> None:
-        self.messages_received.labels(**self.labels).inc(len(messages))
+        self._received.inc(len(messages))
 
     def receive_empty(self) -> None:
-        self.empty_receives.labels(**self.labels).inc()
+        self._empty.inc()
 
     def receive_failed(self, error: TransportError, retry_in: float) -> None:
-        self.receive_failures.labels(**self.labels).inc()
+        self._receive_failures.inc()
 
     def handler_started(self, message: Message) -> None:
-        self.receive_count.labels(**self.labels).observe(message.receive_count)
+        self._receive_count.observe(message.receive_count)
         if message.sent_at is not None:
             age = self.clock.time() - message.sent_at.timestamp()
-            self.age.labels(**self.labels).observe(max(0.0, age))
+            self._age.observe(max(0.0, age))
 
     def handler_succeeded(self, message: Message, duration: float) -> None:
-        self.messages_succeeded.labels(**self.labels).inc()
-        self.duration.labels(**self.labels, outcome="success").observe(duration)
+        self._succeeded.inc()
+        self._succeeded_duration.observe(duration)
 
     def handler_failed(
         self,
@@ -171,7 +185,7 @@ class Metrics(Observer):
         if last_attempt:
             self.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
         else:
-            self.messages_retried.labels(**self.labels).inc()
+            self._retried.inc()
 
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
@@ -182,41 +196,26 @@ class Metrics(Observer):
             self.messages_dead_lettered.labels(**self.labels, reason="rejected").inc()
 
     def handler_skipped(self, message: Message, reason: str) -> None:
-        self.messages_skipped.labels(**self.labels).inc()
+        self._skipped.inc()
 
     def deleted(self, messages: Sequence[Message]) -> None:
-        self.deletes.labels(**self.labels).inc(len(messages))
+        self._deletes.inc(len(messages))
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         self.delete_failures.labels(**self.labels, will_retry=str(will_retry).lower()).inc()
 
     def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
         if reason == "shutdown":
-            self.handed_back.labels(**self.labels).inc(len(messages))
+            self._handed_back.inc(len(messages))
 
     def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:
-        self.extensions.labels(**self.labels).inc(len(messages))
+        self._extensions.inc(len(messages))
 
     def lease_lost(self, message: Message, reason: str) -> None:
-        self.leases_lost.labels(**self.labels).inc()
+        self._lost.inc()
 
     def lease_near_cap(self, message: Message, seconds_left: float) -> None:
-        self.near_cap.labels(**self.labels).inc()
-
-    def worker_started(self, info: QueueInfo, config: WorkerConfig) -> None:
-        # Create the labelled series now, so they read 0 instead of being absent.
-        for metric in (
-            self.messages_received,
-            self.messages_succeeded,
-            self.messages_retried,
-            self.messages_skipped,
-            self.deletes,
-            self.extensions,
-            self.leases_lost,
-            self.handed_back,
-            self.empty_receives,
-        ):
-            metric.labels(**self.labels)
+        self._near_cap.inc()
 
 
 class _HeldCollector(Collector):

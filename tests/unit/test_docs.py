@@ -1,0 +1,43 @@
+"""The docs and the dashboard name exactly the metrics the worker exports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from sqsworker import Worker, WorkerConfig
+from sqsworker.metrics import Metrics
+from sqsworker.transports.memory import MemorySQS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def exported() -> set[str]:
+    """Every series name the worker exports, as Prometheus sees it."""
+    memory = MemorySQS()
+    memory.create_queue("jobs")
+    worker = Worker(lambda m: None, WorkerConfig(queue="jobs"), transport=memory.transport("jobs"))
+    metrics = Metrics("jobs", "h")
+    metrics.watch(worker)
+    names = set()
+    for family in metrics.registry.collect():
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"]}
+        names |= {family.name + s for s in suffixes.get(family.type, [""])}
+    return names
+
+
+def test_the_observability_page_documents_every_metric() -> None:
+    page = (ROOT / "docs" / "observability.md").read_text()
+    documented = set(re.findall(r"^\| `(sqsworker_\w+)`", page, re.M))
+    names = exported()
+    shown = {n for n in names if not n.endswith(("_bucket", "_count", "_sum"))}
+    shown |= {n.removesuffix("_bucket") for n in names if n.endswith("_bucket")}
+    assert documented == shown
+
+
+def test_the_dashboard_queries_only_exported_metrics() -> None:
+    dashboard = json.loads((ROOT / "helm/sqsworker/dashboards/sqsworker.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"sqsworker_\w+", expr)}
+    assert used and used <= exported(), used - exported()
