@@ -41,3 +41,13 @@ def test_the_dashboard_queries_only_exported_metrics() -> None:
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     used = {name for expr in exprs for name in re.findall(r"sqsworker_\w+", expr)}
     assert used and used <= exported(), used - exported()
+
+
+def test_the_iam_policy_file_is_the_one_the_deployment_page_shows() -> None:
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    shown = re.search(r"```json\n(.*?)```", page, re.S)
+    assert shown is not None
+    policy = json.loads((ROOT / "docs" / "iam-policy.json").read_text())
+    assert policy == json.loads(shown[1])
+    actions = {a for s in policy["Statement"] for a in s["Action"]}
+    assert {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"} <= actions
