@@ -137,6 +137,8 @@ class Tally(Observer):
         last_attempt: bool,
     ) -> None:
         self._add("failed")
+        if last_attempt:  # SQS moves it to the dead-letter queue on its next receive
+            self._add("dead_lettered")
 
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None

@@ -75,6 +75,7 @@ def test_last_attempt_returns_at_once_and_redrive_moves_it(
     assert rig.dlq is not None
     rig.advance_until(lambda: rig.dlq is not None and rig.dlq.counts().visible == 1)
     assert rig.count("failed") == 2
+    assert rig.count("dead_lettered") == 1  # the summary counts it with the rejected ones
     assert rig.queue.counts().total == 0
     rig.stop()
 
