@@ -126,10 +126,10 @@ class Metrics(Observer):
             buckets=RECEIVE_COUNT_BUCKETS,
             registry=r,
         )
-        self.up = Gauge(
+        self.build_info = Gauge(
             "sqsworker_info", "Always 1; its labels tell the version.", ["version"], registry=r
         )
-        self.up.labels(version=__version__).set(1)
+        self.build_info.labels(version=__version__).set(1)
         # Children bound once: .labels() takes a lock and a lookup, too dear per message.
         bound = self.labels
         self._received = self.messages_received.labels(**bound)
