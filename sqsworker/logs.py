@@ -162,6 +162,7 @@ class LogObserver(Observer):
                 "handler rejected the message, but the queue has no dead-letter queue; "
                 "kept and retried after the longest backoff",
                 error=_error(error),
+                exc_info=error,
             )
 
     def handler_skipped(self, message: Message, reason: str) -> None:
