@@ -19,6 +19,27 @@ from ..conftest import unique
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def command(queue: str, *args: str) -> list[str]:
+    """`sqsworker run` of the test handler in ``apps.py`` on ``queue``."""
+    return [
+        sys.executable,
+        "-m",
+        "sqsworker.cli",
+        "run",
+        "tests.integration.apps:work",
+        "--queue",
+        queue,
+        *args,
+    ]
+
+
+def run_to_exit(queue: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a worker that is expected to stop by itself (a start-up failure)."""
+    return subprocess.run(
+        command(queue), env=env, capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+
+
 class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -65,20 +86,7 @@ class Scenario:
         }
         with open(self.tmp_path / f"worker-{len(self.procs)}.log", "wb") as log:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "sqsworker.cli",
-                    "run",
-                    "tests.integration.apps:work",
-                    "--queue",
-                    self.name,
-                    "--wait-time",
-                    "1",
-                    "--metrics-port",
-                    "0",
-                    *args,
-                ],
+                command(self.name, "--wait-time", "1", "--metrics-port", "0", *args),
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

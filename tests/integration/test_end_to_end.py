@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 from sqsworker.local import LocalSQS
 
 from ..conftest import wait_until
-from .scenario import ROOT, Scenario
+from .scenario import ROOT, Scenario, run_to_exit
 
 pytestmark = pytest.mark.integration
 
@@ -107,22 +105,7 @@ def test_after_kill_9_another_worker_finishes_the_messages(scenario: Scenario) -
 
 def test_a_missing_queue_fails_fast_with_one_sentence(local_sqs: LocalSQS, tmp_path: Path) -> None:
     env = {**os.environ, **local_sqs.env(), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sqsworker.cli",
-            "run",
-            "tests.integration.apps:work",
-            "--queue",
-            "no-such-queue",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    proc = run_to_exit("no-such-queue", env)
     assert proc.returncode == 1
     assert proc.stderr.startswith(
         "sqsworker: error: queue 'no-such-queue' does not exist at http://127.0.0.1:"
@@ -144,22 +127,7 @@ def test_missing_credentials_fail_fast_with_one_sentence(
             "AWS_EC2_METADATA_DISABLED": "true",  # never ask an instance metadata service
         }
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sqsworker.cli",
-            "run",
-            "tests.integration.apps:work",
-            "--queue",
-            "orders",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    proc = run_to_exit("orders", env)
     assert proc.returncode == 1
     assert "no usable AWS credentials were found" in proc.stderr
     assert proc.stderr.count("\n") == 1
