@@ -11,6 +11,7 @@ does, so a ``Worker`` can run embedded in another program.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -185,15 +186,23 @@ class Worker:
         assert self.keeper is not None
         batch = min(MAX_BATCH, self.capacity)
         failures = 0
+        attempt_id: str | None = None
         while True:
             free = self._await_room(batch)
             if free == 0:
                 return
             began = self.clock.monotonic()
             self._receiving.step(self.config.wait_time + self.config.stall_timeout)
+            if self.transport.info.fifo and attempt_id is None:
+                # A FIFO receive retried with the same id gets the same messages back
+                # instead of leaving a lost response's messages invisible.
+                attempt_id = uuid.uuid4().hex
             try:
                 envelopes = self.transport.receive(
-                    min(free, MAX_BATCH), self.config.wait_time, self.config.visibility_timeout
+                    min(free, MAX_BATCH),
+                    self.config.wait_time,
+                    self.config.visibility_timeout,
+                    attempt_id,
                 )
             except Exception as exc:  # the loop outlives every error; what it got is safe
                 failures += 1
@@ -202,6 +211,7 @@ class Worker:
                 self._pause(retry_in)
                 continue
             failures = 0
+            attempt_id = None
             if not envelopes:
                 self.observer.receive_empty()
                 if self.config.burst and self._queue_is_empty():

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
-from sqsworker import Message, Reject, Retry
+from sqsworker import Message, Reject, Retry, Worker, WorkerConfig
 from sqsworker.clock import FakeClock
 from sqsworker.errors import TransportError
-from sqsworker.transports.memory import MemorySQS
+from sqsworker.events import Tally
+from sqsworker.transports import Envelope, OutgoingMessage, send_all
+from sqsworker.transports.memory import MemorySQS, MemoryTransport
 
 from ..conftest import wait_until
 from .helpers import Gate, Rig
@@ -332,3 +335,39 @@ def test_burst_mode_stops_once_the_queue_is_empty(memory: MemorySQS, clock: Fake
     rig.advance_until(lambda: rig.worker.wait(0))
     assert rig.worker.shutdown() == 0
     assert rig.count("deleted") == 3
+
+
+def test_a_failed_fifo_receive_is_retried_with_the_same_attempt_id(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    memory.create_queue("jobs.fifo", {"ContentBasedDeduplication": "true"})
+    attempts: list[str | None] = []
+
+    class Recording(MemoryTransport):
+        def receive(
+            self, max_messages: int, wait_seconds: int, visibility: int, attempt_id: Any = None
+        ) -> list[Envelope]:
+            attempts.append(attempt_id)
+            return super().receive(max_messages, wait_seconds, visibility, attempt_id)
+
+    send_all(memory.transport("jobs.fifo"), [OutgoingMessage("a", group_id="g")])
+    memory.inject_fault("ReceiveMessage", TransportError("reset", code="ConnectionError"))
+    tally = Tally()
+    worker = Worker(
+        lambda m: None,
+        WorkerConfig(queue="jobs.fifo", wait_time=0, delete_interval=0),
+        transport=Recording(memory, memory.transport("jobs.fifo").info),
+        clock=clock,
+        observer=tally,
+    )
+    worker.start()
+    wait_until(lambda: tally.counts["receive_failures"] == 1)
+    clock.advance(1)  # the pause before the retry
+    wait_until(lambda: tally.counts["deleted"] == 1)
+    clock.advance(1)  # the idle pause after an empty receive
+    wait_until(lambda: len(attempts) >= 3)
+    first, retried, next_one = attempts[:3]
+    assert first is not None and retried == first  # the same receive, tried again
+    assert next_one is not None and next_one != first  # a new receive after a success
+    worker.request_stop()
+    assert worker.shutdown() == 0
