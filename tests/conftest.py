@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -20,6 +22,16 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 15.0, what: str =
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what or predicate}")
         event.wait(0.005)
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """GET ``url``: its status and body, error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.read().decode()
 
 
 def unique(name: str) -> str:

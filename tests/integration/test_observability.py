@@ -5,27 +5,16 @@ from __future__ import annotations
 import json
 import re
 import signal
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from sqsworker.local import LocalSQS
 
-from ..conftest import wait_until
+from ..conftest import http_get, wait_until
 from .scenario import Scenario
 
 pytestmark = pytest.mark.integration
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, error.read().decode()
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -60,7 +49,7 @@ def test_metrics_probes_and_json_logs_follow_a_real_run(
         url = f"http://127.0.0.1:{served_port(log)}"
 
         def scraped() -> str:
-            return get(url + "/metrics")[1]
+            return http_get(url + "/metrics")[1]
 
         wait_until(
             lambda: (
@@ -77,14 +66,14 @@ def test_metrics_probes_and_json_logs_follow_a_real_run(
         assert metric(text, "sqsworker_messages_retried_total") == 0
         assert metric(text, "sqsworker_handler_duration_seconds_count", outcome="success") == 20
         assert metric(text, "sqsworker_sqs_requests_total", action="ReceiveMessage") > 0
-        assert get(url + "/healthz")[0] == 200
-        assert get(url + "/readyz")[0] == 200
+        assert http_get(url + "/healthz")[0] == 200
+        assert http_get(url + "/readyz")[0] == 200
 
         scenario.send("slow", 1, sleep=3)
         wait_until(lambda: scenario.ledger.count("start", "slow"), what="the slow handler")
         worker.send_signal(signal.SIGTERM)
-        wait_until(lambda: get(url + "/readyz")[0] == 503, what="not ready while stopping")
-        assert get(url + "/healthz")[0] == 200  # still finishing its message
+        wait_until(lambda: http_get(url + "/readyz")[0] == 503, what="not ready while stopping")
+        assert http_get(url + "/healthz")[0] == 200  # still finishing its message
         assert worker.wait(30) == 0
         assert list(scenario.ledger.count("done", "slow").values()) == [1]
 

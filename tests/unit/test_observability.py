@@ -7,8 +7,6 @@ import json
 import logging
 import math
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,7 +22,7 @@ from sqsworker.telemetry import TelemetryServer
 from sqsworker.transports import BatchResult, Envelope
 from sqsworker.transports.memory import MemorySQS, MemoryTransport
 
-from ..conftest import wait_until
+from ..conftest import http_get, wait_until
 from .helpers import Gate, Rig
 
 
@@ -52,15 +50,6 @@ class Stallable(MemoryTransport):
     def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
         self._hang("visibility")
         return super().change_visibility_batch(entries)
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, error.read().decode()
 
 
 @pytest.fixture
@@ -156,18 +145,18 @@ def test_healthz_fails_while_the_lease_thread_is_stuck(
         rig.send("long job")
         rig.worker.start()
         assert gate.started.wait(10)
-        assert get(url + "/healthz")[0] == 200
+        assert http_get(url + "/healthz")[0] == 200
         transport.stall.add("visibility")
         clock.advance(5)  # the renewal is due at half the 10 s lease: its call hangs
         assert transport.stalled.wait(10)
-        assert get(url + "/healthz")[0] == 200  # within its allowance
+        assert http_get(url + "/healthz")[0] == 200  # within its allowance
         clock.advance(6)
-        status, body = get(url + "/healthz")
+        status, body = http_get(url + "/healthz")
         assert status == 503
         assert json.loads(body)["lease"].startswith("stuck")
-        assert get(url + "/readyz")[0] == 200  # still ready: liveness is what restarts it
+        assert http_get(url + "/readyz")[0] == 200  # still ready: liveness is what restarts it
         transport.release.set()
-        wait_until(lambda: get(url + "/healthz")[0] == 200, what="the lease thread recovered")
+        wait_until(lambda: http_get(url + "/healthz")[0] == 200, what="the lease thread recovered")
         gate.release.set()
         rig.stop()
     finally:
@@ -202,20 +191,20 @@ def test_readyz_before_start_while_running_and_during_shutdown(
     server = serve(rig, metrics)
     url = f"http://127.0.0.1:{server.port}"
     try:
-        assert get(url + "/readyz")[0] == 503
+        assert http_get(url + "/readyz")[0] == 503
         rig.send("x")
         rig.worker.start()
-        assert get(url + "/readyz")[0] == 200
+        assert http_get(url + "/readyz")[0] == 200
         assert gate.started.wait(10)
         rig.worker.request_stop()
         stopping = threading.Thread(target=rig.worker.shutdown)
         stopping.start()
-        assert get(url + "/readyz")[0] == 503
-        assert get(url + "/healthz")[0] == 200  # finishing its message: do not kill it
+        assert http_get(url + "/readyz")[0] == 503
+        assert http_get(url + "/healthz")[0] == 200  # finishing its message: do not kill it
         gate.release.set()
         stopping.join(10)
-        assert get(url + "/metrics")[0] == 200
-        assert get(url + "/nowhere")[0] == 404
+        assert http_get(url + "/metrics")[0] == 200
+        assert http_get(url + "/nowhere")[0] == 404
     finally:
         gate.release.set()
         server.stop()
