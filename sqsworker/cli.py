@@ -66,6 +66,16 @@ def _parser() -> argparse.ArgumentParser:
                 help=text,
             )
 
+    store = commands.add_parser(
+        "create-store",
+        help="create the table of an idempotency store",
+        description="Create the table an idempotency store needs: for dynamodb://TABLE a "
+        "table with the partition key 'key', on-demand capacity and a time to live on 'ttl'; "
+        "for sqlite:///PATH.db the schema. A table that exists is checked, not changed.",
+    )
+    store.add_argument("url", metavar="URL", help="e.g. dynamodb://orders-idempotency")
+    store.add_argument("--region", default=None, help="AWS region (default: boto3's)")
+
     local = commands.add_parser(
         "local",
         help="start an embedded SQS endpoint for development",
@@ -198,10 +208,27 @@ def local(args: argparse.Namespace) -> int:
     return 0
 
 
+def create_store(url: str, region: str | None) -> int:
+    from .stores import open_store
+
+    try:
+        open_store(url, region=region, create=True).close()
+    except ConfigError as exc:
+        fail(str(exc))
+        return EXIT_USAGE
+    except StartupError as exc:
+        fail(str(exc))
+        return EXIT_STARTUP
+    print(f"sqsworker: the idempotency store {url} is ready")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "local":
         return local(args)
+    if args.command == "create-store":
+        return create_store(args.url, args.region)
     options = {f.name: getattr(args, f.name) for f in config.options()}
     return run(args.target, options)
 

@@ -13,12 +13,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import keys
 from .errors import ConfigError
 
 MAX_VISIBILITY = 43_200  # SQS: 12 hours, counted from the receive
 MAX_WAIT_TIME = 20  # SQS: longest long poll
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
+KEY_CONFLICT_OUTCOMES = ("reject", "suppress")
 
 ENV_PREFIX = "SQSWORKER_"
 
@@ -198,6 +200,40 @@ class WorkerConfig:
             _parse_float,
         ),
     )
+    idempotency_store: str | None = field(
+        default=None,
+        metadata=_option(
+            "Where idempotency records live: sqlite:///PATH.db (one host), dynamodb://TABLE "
+            "(shared on AWS) or memory:// (tests). Unset: no idempotency keys.",
+            _parse_optional_str,
+            metavar="URL",
+        ),
+    )
+    idempotency_key: keys.KeyPolicy = field(
+        default=keys.DefaultKey(),
+        metadata=_option(
+            "How a message's idempotency key is found: auto (the idempotency-key attribute, "
+            "else the FIFO deduplication id, else the message id), attribute:NAME, "
+            "json:EXPRESSION (JMESPath into the body) or call:MODULE:ATTR.",
+            keys.parse,
+            metavar="POLICY",
+        ),
+    )
+    idempotency_ttl: float = field(
+        default=86_400.0,
+        metadata=_option(
+            "Seconds a completed key is remembered: duplicates arriving later run again.",
+            _parse_float,
+        ),
+    )
+    on_key_conflict: str = field(
+        default="reject",
+        metadata=_option(
+            "When a key comes back with another body: reject (to the dead-letter queue) or "
+            "suppress (delete it unrun, like a duplicate).",
+            str.lower,
+        ),
+    )
 
     def __post_init__(self) -> None:
         def fail(name: str, rule: str) -> None:
@@ -234,6 +270,21 @@ class WorkerConfig:
             fail("stall_timeout", "must be more than 0 seconds")
         if not 0 <= self.delete_interval <= 10:
             fail("delete_interval", "must be from 0 to 10 seconds")
+        if self.idempotency_store is not None:
+            from .stores import parse_url
+
+            try:
+                parse_url(self.idempotency_store)
+            except ConfigError as exc:
+                raise ConfigError(str(exc), field="idempotency_store") from None
+        try:
+            object.__setattr__(self, "idempotency_key", keys.as_policy(self.idempotency_key))
+        except ValueError as exc:
+            fail("idempotency_key", str(exc))
+        if not self.idempotency_ttl >= 1:
+            fail("idempotency_ttl", "must be at least 1 second")
+        if self.on_key_conflict not in KEY_CONFLICT_OUTCOMES:
+            fail("on_key_conflict", "must be one of " + ", ".join(KEY_CONFLICT_OUTCOMES))
 
 
 def label(name: str) -> str:

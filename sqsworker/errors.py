@@ -48,6 +48,10 @@ class LeaseLost(SQSWorkerError):
     """The message's visibility lease can no longer be extended: another consumer may own it."""
 
 
+class StoreError(SQSWorkerError):
+    """A call to the idempotency store failed (unreachable, locked, refused)."""
+
+
 # Raised by handlers -------------------------------------------------------------
 
 
@@ -75,3 +79,14 @@ class Reject(Exception):
 
 class MessageDecodeError(Reject):
     """The message body is not what the handler expects (for example, not JSON)."""
+
+
+class IdempotencyKeyError(Reject):
+    """No idempotency key can be derived from the message (attribute missing, body not JSON).
+
+    A ``Reject``: the same message can never yield a key, so retrying cannot help.
+    """
+
+
+class KeyConflict(Reject):
+    """The message's idempotency key was already used by a message with another body."""

@@ -68,6 +68,21 @@ class Observer:
 
     def request_failed(self, action: str, error: TransportError) -> None: ...
 
+    def duplicate_suppressed(self, message: Message) -> None:
+        """The message's idempotency key was completed before: deleted without running."""
+
+    def duplicate_deferred(self, message: Message, retry_in: float) -> None:
+        """The key is in progress under another claim: returned, looked at in ``retry_in`` s."""
+
+    def key_conflict(self, message: Message, outcome: str) -> None:
+        """The key is live with another body; ``outcome`` is "reject" or "suppress"."""
+
+    def claim_lost(self, message: Message, reason: str) -> None:
+        """The message's idempotency claim passed to another worker while its handler ran."""
+
+    def store_failed(self, operation: str, error: BaseException) -> None:
+        """A call to the idempotency store failed (claim, renew, complete, release)."""
+
     def shutdown_started(self, waiting: int, running: int) -> None: ...
 
     def shutdown_finished(self, clean: bool, handed_back: int, unsettled: int) -> None: ...
@@ -168,3 +183,18 @@ class Tally(Observer):
 
     def lease_lost(self, message: Message, reason: str) -> None:
         self._add("leases_lost")
+
+    def duplicate_suppressed(self, message: Message) -> None:
+        self._add("duplicates_suppressed")
+
+    def duplicate_deferred(self, message: Message, retry_in: float) -> None:
+        self._add("duplicates_deferred")
+
+    def key_conflict(self, message: Message, outcome: str) -> None:
+        self._add("key_conflicts")
+
+    def claim_lost(self, message: Message, reason: str) -> None:
+        self._add("claims_lost")
+
+    def store_failed(self, operation: str, error: BaseException) -> None:
+        self._add("store_failures")

@@ -101,6 +101,7 @@ class LeaseKeeper:
         *,
         delete_interval: float = 0.2,
         stall_timeout: float = 120.0,
+        on_renewed: Callable[[list[Message]], None] | None = None,
     ) -> None:
         self.transport = transport
         self.clock = clock
@@ -108,6 +109,8 @@ class LeaseKeeper:
         self.delete_interval = delete_interval
         self.stall_timeout = stall_timeout
         self.progress = Progress(clock)  # read by /healthz
+        # Called on this thread after each renewal: the idempotency claims follow the leases.
+        self.on_renewed = on_renewed
         self._lock = threading.Lock()  # guards _held, _ops, every Held's state, _stopping
         self._wake = threading.Condition(self._lock)
         self._held: dict[str, Held] = {}  # by receipt handle
@@ -445,3 +448,5 @@ class LeaseKeeper:
                     held.renew_at = started + RETRY_AFTER_ERROR
         if extended:
             self.observer.leases_extended(extended, seconds)
+            if self.on_renewed is not None:
+                self.on_renewed(extended)

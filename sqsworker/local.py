@@ -51,9 +51,13 @@ class LocalSQS:
         self.stop()
 
     def env(self) -> dict[str, str]:
-        """The environment a worker or boto3 client needs to reach this endpoint."""
+        """The environment a worker or boto3 client needs to reach this endpoint.
+
+        moto's server also speaks DynamoDB, so a ``dynamodb://`` idempotency store works here.
+        """
         return {
             "AWS_ENDPOINT_URL_SQS": self.endpoint_url,
+            "AWS_ENDPOINT_URL_DYNAMODB": self.endpoint_url,
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
             **CREDENTIALS,

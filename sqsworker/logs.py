@@ -78,6 +78,7 @@ def summary(counts: Mapping[str, int]) -> None:
         leases_extended=counts.get("lease_extensions", 0),
         leases_lost=counts.get("leases_lost", 0),
         handed_back=counts.get("handed_back", 0),
+        duplicates_suppressed=counts.get("duplicates_suppressed", 0),
     )
 
 
@@ -194,6 +195,27 @@ class LogObserver(Observer):
 
     def request_failed(self, action: str, error: TransportError) -> None:
         self.log.warning("SQS request failed; will retry", action=action, error=str(error))
+
+    def duplicate_suppressed(self, message: Message) -> None:
+        self._for(message).info("duplicate suppressed: its key was completed before; deleted")
+
+    def duplicate_deferred(self, message: Message, retry_in: float) -> None:
+        self._for(message).info(
+            "duplicate deferred: its key is in progress elsewhere; looked at again later",
+            retry_in=round(retry_in, 1),
+        )
+
+    def key_conflict(self, message: Message, outcome: str) -> None:
+        self._for(message, with_body=True).error(
+            "idempotency key conflict: the key was used before with another body",
+            outcome="rejected" if outcome == "reject" else "suppressed",
+        )
+
+    def claim_lost(self, message: Message, reason: str) -> None:
+        self._for(message).warning("idempotency claim lost", reason=reason)
+
+    def store_failed(self, operation: str, error: BaseException) -> None:
+        self.log.warning("idempotency store call failed", operation=operation, error=str(error))
 
     def shutdown_started(self, waiting: int, running: int) -> None:
         self.log.info("shutting down", handing_back=waiting, running=running)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from .errors import MessageDecodeError
 from .transports import Envelope
+
+if TYPE_CHECKING:
+    from .idempotency import Claim
 
 
 class Lease(Protocol):
@@ -48,12 +52,16 @@ class DetachedLease:
 class Message:
     """One SQS message and its lease. Attributes are read-only views of what SQS sent."""
 
-    __slots__ = ("_envelope", "lease", "queue")
+    __slots__ = ("_envelope", "idempotency", "idempotency_key", "lease", "queue")
 
     def __init__(self, envelope: Envelope, queue: str = "", lease: Lease | None = None) -> None:
         self._envelope = envelope
         self.queue = queue
         self.lease: Lease = lease if lease is not None else DetachedLease()
+        # Set by the worker when an idempotency store is configured: the derived key, and
+        # the claim on it while this message holds it.
+        self.idempotency_key: str | None = None
+        self.idempotency: Claim | None = None
 
     def __repr__(self) -> str:
         return f"<Message {self.message_id} queue={self.queue!r} receive={self.receive_count}>"
@@ -128,6 +136,8 @@ class Message:
         }
         if self.trace_header:
             context["aws_trace_header"] = self.trace_header
+        if self.idempotency_key is not None:
+            context["idempotency_key"] = self.idempotency_key
         return context
 
     @property
@@ -139,6 +149,22 @@ class Message:
     def sent_at(self) -> datetime | None:
         raw = self.attributes.get("SentTimestamp")
         return datetime.fromtimestamp(int(raw) / 1000, tz=UTC) if raw else None
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """A connection to the idempotency store's database, inside one transaction.
+
+        ``with message.transaction() as db: db.execute(...)``: the handler's writes and
+        the record that this message's key is completed commit together when the block
+        ends, or not at all (an exception rolls both back). So the effect happens once,
+        even if the worker is killed before the message is deleted. Needs
+        ``--idempotency-store sqlite:///PATH.db``; see docs/idempotency.md.
+        """
+        if self.idempotency is None:
+            raise RuntimeError(
+                "message.transaction() needs an idempotency store: run with "
+                "--idempotency-store sqlite:///PATH.db (see docs/idempotency.md)"
+            )
+        return self.idempotency.transaction()
 
     def json(self) -> Any:
         """The body parsed as JSON; a body that is not JSON raises ``MessageDecodeError``.

@@ -105,6 +105,30 @@ class Metrics(Observer):
         self.receive_failures = counter(
             "sqsworker_receive_failures", "Receives that failed after the transport's retries."
         )
+        self.duplicates_suppressed = counter(
+            "sqsworker_duplicates_suppressed",
+            "Messages whose idempotency key was completed before: deleted without running.",
+        )
+        self.duplicates_deferred = counter(
+            "sqsworker_duplicates_deferred",
+            "Messages whose key was in progress under another claim: returned to be looked "
+            "at again.",
+        )
+        self.key_conflicts = counter(
+            "sqsworker_key_conflicts",
+            "Messages whose key was used before with another body, by outcome "
+            "(reject or suppress).",
+            "outcome",
+        )
+        self.claims_lost = counter(
+            "sqsworker_idempotency_claims_lost",
+            "Claims on a key that passed to another worker while the handler ran.",
+        )
+        self.store_errors = counter(
+            "sqsworker_idempotency_store_errors",
+            "Failed idempotency store calls, by operation (claim, renew, complete, release).",
+            "operation",
+        )
         self.duration = Histogram(
             "sqsworker_handler_duration_seconds",
             "Handler run time, by outcome (success, failure, rejected).",
@@ -146,6 +170,9 @@ class Metrics(Observer):
         self._age = self.age.labels(**bound)
         self._receive_count = self.receive_count.labels(**bound)
         self._succeeded_duration = self.duration.labels(**bound, outcome="success")
+        self._suppressed = self.duplicates_suppressed.labels(**bound)
+        self._deferred = self.duplicates_deferred.labels(**bound)
+        self._claims_lost = self.claims_lost.labels(**bound)
 
     def watch(self, worker: Worker) -> None:
         """Also report what ``worker`` holds and the SQS requests it made, at each scrape."""
@@ -216,6 +243,21 @@ class Metrics(Observer):
 
     def lease_near_cap(self, message: Message, seconds_left: float) -> None:
         self._near_cap.inc()
+
+    def duplicate_suppressed(self, message: Message) -> None:
+        self._suppressed.inc()
+
+    def duplicate_deferred(self, message: Message, retry_in: float) -> None:
+        self._deferred.inc()
+
+    def key_conflict(self, message: Message, outcome: str) -> None:
+        self.key_conflicts.labels(**self.labels, outcome=outcome).inc()
+
+    def claim_lost(self, message: Message, reason: str) -> None:
+        self._claims_lost.inc()
+
+    def store_failed(self, operation: str, error: BaseException) -> None:
+        self.store_errors.labels(**self.labels, operation=operation).inc()
 
 
 class _HeldCollector(Collector):

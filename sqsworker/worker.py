@@ -19,16 +19,18 @@ import structlog
 
 from .clock import Clock, SystemClock
 from .config import WorkerConfig
-from .errors import Reject, Retry, StartupError, TransportError
+from .errors import KeyConflict, Reject, Retry, StartupError, StoreError, TransportError
 from .events import Observer, Observers
 from .handler import Handler, as_handler
 from .health import Health, Progress
+from .idempotency import Idempotency, Verdict
 from .lease import Held, LeaseKeeper
 from .policies import Backoff
 from .transports import MAX_BATCH, OutgoingMessage, Transport, send_all
 
 if TYPE_CHECKING:
     from .message import Message
+    from .stores import Store
 
 IDLE_PAUSE = 1.0  # between empty receives when --wait-time is 0
 MAX_ATTRIBUTES = 10  # SQS's limit of message attributes per message
@@ -44,6 +46,7 @@ class Worker:
         clock: Clock | None = None,
         observer: Observer | None = None,
         backoff: Backoff | None = None,
+        idempotency_store: Store | None = None,
     ) -> None:
         self.handler = as_handler(handler)
         self.config = config or WorkerConfig(**self.handler.options)
@@ -52,6 +55,8 @@ class Worker:
         self.observer: Observer = Observers([observer] if observer else [])
         self.backoff = backoff or Backoff(self.config.backoff_base, self.config.backoff_max)
         self._transport = transport
+        self._store = idempotency_store  # else opened from config.idempotency_store at start
+        self.idempotency: Idempotency | None = None
         self._dead_letter_queue: Transport | None = None
         self.capacity = self.config.concurrency + self.config.prefetch
 
@@ -105,12 +110,14 @@ class Worker:
                 region=self.config.region,
                 max_connections=self.config.concurrency + 4,
             )
+        self.idempotency = self._open_idempotency()
         self.keeper = LeaseKeeper(
             self.transport,
             self.clock,
             self.observer,
             delete_interval=self.config.delete_interval,
             stall_timeout=self.config.stall_timeout,
+            on_renewed=self._renew_claims if self.idempotency else None,
         )
         self.keeper.start()
         for index in range(self.config.concurrency):
@@ -124,6 +131,24 @@ class Worker:
         )
         self._receiver.start()
         self._started = True
+
+    def _open_idempotency(self) -> Idempotency | None:
+        namespace = self.transport.info.name
+        if self._store is not None:
+            return Idempotency(
+                self._store,
+                self.config.idempotency_key,
+                ttl=self.config.idempotency_ttl,
+                clock=self.clock,
+                namespace=namespace,
+            )
+        if self.config.idempotency_store is None:
+            return None
+        try:
+            return Idempotency.open(self.config, self.clock, namespace)
+        except StartupError:
+            self.transport.close()
+            raise
 
     def request_stop(self) -> None:
         """Ask the worker to stop receiving; ``shutdown`` does the rest. Safe from any thread."""
@@ -177,6 +202,8 @@ class Worker:
         # 6. Flush queued deletes and returns, then stop the lease thread.
         unsettled = self.keeper.stop(give_up_after=max(5.0, deadline - self.clock.monotonic()))
         self.transport.close()
+        if self.idempotency:
+            self.idempotency.close()
         self.observer.shutdown_finished(clean, len(waiting) + len(overdue), unsettled)
         return 0 if clean else 1
 
@@ -283,8 +310,10 @@ class Worker:
         if not self.keeper.begin(held):
             self.observer.handler_skipped(message, "its lease was lost while it waited to start")
             return
-        self.observer.handler_started(message)
         started = self.clock.monotonic()
+        if self.idempotency and not self._admit(held, started):
+            return
+        self.observer.handler_started(message)
         try:
             # Log lines of the handler's own (structlog or stdlib logging) carry these fields.
             with structlog.contextvars.bound_contextvars(
@@ -299,15 +328,86 @@ class Worker:
             else:
                 self._fail(held, exc, started, delay=None)
         except BaseException:
+            self._release_claim(message)
             self.keeper.release(held, 0, "handler thread interrupted", urgent=True)
             raise
         else:
+            self._complete_claim(message)
             self.keeper.succeed(held)
             self.observer.handler_succeeded(message, self.clock.monotonic() - started)
+
+    # -- idempotency: each store call's failure is reported, and never loses the message --
+
+    def _admit(self, held: Held, started: float) -> bool:
+        """Claim the message's key; False when the handler must not run (and it is settled)."""
+        assert self.keeper is not None and self.idempotency is not None
+        message = held.message
+        try:
+            admission = self.idempotency.admit(message)
+        except Reject as exc:  # no key can be derived from this message
+            self._reject(held, exc, started)
+            return False
+        except StoreError as exc:
+            self.observer.store_failed("claim", exc)
+            self._fail(held, exc, started, delay=None)
+            return False
+        verdict = admission.verdict
+        if verdict is Verdict.CONFLICT:
+            outcome = self.config.on_key_conflict
+            self.observer.key_conflict(message, outcome)
+            if outcome == "reject":
+                conflict = KeyConflict(
+                    f"idempotency key {message.idempotency_key!r} was used before by a message "
+                    "with another body"
+                )
+                self._reject(held, conflict, started)
+                return False
+            verdict = Verdict.DUPLICATE
+        if verdict is Verdict.DUPLICATE:
+            self.keeper.succeed(held)
+            self.observer.duplicate_suppressed(message)
+        elif verdict is Verdict.BUSY:
+            retry_in = min(max(1.0, admission.retry_in), self.config.visibility_timeout)
+            self.keeper.release(held, retry_in, "idempotency key in progress elsewhere")
+            self.observer.duplicate_deferred(message, retry_in)
+        return verdict is Verdict.RUN
+
+    def _complete_claim(self, message: Message) -> None:
+        if self.idempotency is None:
+            return
+        try:
+            if not self.idempotency.complete(message):
+                self.observer.claim_lost(
+                    message,
+                    "another worker claimed the key while this handler ran (its lease had "
+                    "lapsed); the effect may have happened twice",
+                )
+        except StoreError as exc:
+            self.observer.store_failed("complete", exc)
+
+    def _release_claim(self, message: Message) -> None:
+        if self.idempotency is None:
+            return
+        try:
+            self.idempotency.release(message)
+        except StoreError as exc:  # the claim lapses with its lease instead
+            self.observer.store_failed("release", exc)
+
+    def _renew_claims(self, messages: list[Message]) -> None:
+        """On the lease thread, after a renewal: each claim's lease follows its message's."""
+        assert self.idempotency is not None
+        try:
+            lost = self.idempotency.renew(messages)
+        except StoreError as exc:
+            self.observer.store_failed("renew", exc)
+            return
+        for message in lost:
+            self.observer.claim_lost(message, "the claim lapsed and another worker took the key")
 
     def _fail(self, held: Held, exc: BaseException, started: float, delay: float | None) -> None:
         assert self.keeper is not None
         message = held.message
+        self._release_claim(message)
         limit = self.transport.info.max_receive_count
         last = limit is not None and message.receive_count >= limit
         if last:
@@ -321,6 +421,7 @@ class Worker:
         """A non-retryable failure: to the dead-letter queue now, or kept if there is none."""
         assert self.keeper is not None
         message = held.message
+        self._release_claim(message)
         duration = self.clock.monotonic() - started
         target = self.transport.info.dead_letter_arn
         if target is None:

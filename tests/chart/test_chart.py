@@ -181,6 +181,8 @@ def _sample(field: str) -> str:
     samples = {"queue": "orders", "log_level": "info", "log_format": "json", "burst": "false"}
     samples |= {"endpoint_url": "http://sqs:4566", "region": "eu-west-1", "metrics_host": "0.0.0.0"}
     samples |= {"non_retryable": "app:Fatal", "log_bodies": "false", "metrics_port": "9000"}
+    samples |= {"idempotency_store": "dynamodb://orders-keys", "idempotency_key": "json:order.id"}
+    samples |= {"on_key_conflict": "reject"}
     return samples.get(field, "5")
 
 
@@ -215,6 +217,8 @@ def bad(*args: str) -> Iterator[str]:
         ([*REQUIRED, "--set", "worker.visibilityTimeout=-1"], "worker.visibilityTimeout"),
         ([*REQUIRED, "--set", "worker.concurrency=0"], "worker.concurrency"),
         ([*REQUIRED, "--set", "worker.concurrency=-4"], "worker.concurrency"),
+        ([*REQUIRED, "--set", "worker.idempotencyStore=redis://x"], "worker.idempotencyStore"),
+        ([*REQUIRED, "--set", "worker.onKeyConflict=ignore"], "worker.onKeyConflict"),
         ([*REQUIRED, "--set", "worker.handler=not-an-import-string"], "worker.handler"),
         ([*REQUIRED, "--set", "worker.visibilitytimeout=60"], "visibilitytimeout"),  # a typo
         (

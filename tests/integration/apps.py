@@ -1,14 +1,21 @@
 """Handlers the end-to-end tests run in real `sqsworker run` processes.
 
-Each run appends lines to the ledger file named by $LEDGER (appends of one short
-line are atomic, so several processes can share it): "start KIND ID RECEIVE PID"
-and "done KIND ID RECEIVE PID".
+``work``: each run appends lines to the ledger file named by $LEDGER (appends of
+one short line are atomic, so several processes can share it): "start KIND ID
+RECEIVE PID" and "done KIND ID RECEIVE PID".
+
+``pay``: a transactional handler. It inserts one row per run into the table
+``effects`` of the idempotency store's own SQLite database, inside
+``message.transaction()``. A body with ``"hold": true`` then waits, after the
+commit and before returning, until the file ``$HOLD_DIR/<key>.release`` exists,
+so a test can stop or kill the process between the effect and the delete.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import sqsworker
 
@@ -30,3 +37,18 @@ def work(message: sqsworker.Message) -> None:
     if body["kind"] == "fail":
         raise RuntimeError(f"order {body['id']} cannot be processed")
     _record("done", body, message)
+
+
+@sqsworker.handler()
+def pay(message: sqsworker.Message) -> None:
+    body = message.json()
+    with message.transaction() as db:
+        db.execute(
+            "INSERT INTO effects (key, pid, receive_count) VALUES (?, ?, ?)",
+            (message.idempotency_key, os.getpid(), message.receive_count),
+        )
+    if body.get("hold"):
+        release = Path(os.environ["HOLD_DIR"]) / f"{message.idempotency_key}.release"
+        deadline = time.monotonic() + 60
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)

@@ -19,24 +19,24 @@ from ..conftest import unique
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def command(queue: str, *args: str) -> list[str]:
-    """`sqsworker run` of the test handler in ``apps.py`` on ``queue``."""
+def command(queue: str, *args: str, handler: str = "work") -> list[str]:
+    """`sqsworker run` of a test handler in ``apps.py`` on ``queue``."""
     return [
         sys.executable,
         "-m",
         "sqsworker.cli",
         "run",
-        "tests.integration.apps:work",
+        f"tests.integration.apps:{handler}",
         "--queue",
         queue,
         *args,
     ]
 
 
-def run_to_exit(queue: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_to_exit(queue: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run a worker that is expected to stop by itself (a start-up failure)."""
     return subprocess.run(
-        command(queue), env=env, capture_output=True, text=True, cwd=ROOT, timeout=60
+        command(queue, *args), env=env, capture_output=True, text=True, cwd=ROOT, timeout=60
     )
 
 
@@ -77,16 +77,19 @@ class Scenario:
             self.queue, [json.dumps({"kind": kind, "id": start + i, **extra}) for i in range(count)]
         )
 
-    def worker(self, *args: str) -> subprocess.Popen[bytes]:
+    def worker(self, *args: str, handler: str = "work") -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
             **self.server.env(),
             "LEDGER": str(self.ledger.path),
+            "HOLD_DIR": str(self.tmp_path),
             "PYTHONPATH": str(ROOT),
         }
         with open(self.tmp_path / f"worker-{len(self.procs)}.log", "wb") as log:
             proc = subprocess.Popen(
-                command(self.name, "--wait-time", "1", "--metrics-port", "0", *args),
+                command(
+                    self.name, "--wait-time", "1", "--metrics-port", "0", *args, handler=handler
+                ),
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

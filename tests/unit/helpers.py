@@ -8,6 +8,7 @@ from typing import Any
 from sqsworker import Backoff, Message, Worker, WorkerConfig
 from sqsworker.clock import FakeClock
 from sqsworker.events import Observer, Observers, Tally
+from sqsworker.stores import Store
 from sqsworker.transports import Transport, send_all
 from sqsworker.transports.memory import MemorySQS
 
@@ -39,6 +40,7 @@ class Rig:
         max_receive_count: int = 3,
         transport: Transport | None = None,
         observers: Sequence[Observer] = (),
+        store: Store | None = None,
         **options: Any,
     ) -> None:
         self.memory, self.clock = memory, clock
@@ -63,6 +65,7 @@ class Rig:
             clock=clock,
             observer=Observers([self.tally, *observers]),
             backoff=Backoff(2.0, 900.0, random.Random(7)),
+            idempotency_store=store,
         )
 
     def send(self, *bodies: str) -> None:

@@ -1,0 +1,166 @@
+"""Idempotency stores: where a key's record lives, chosen by URL.
+
+- ``memory://``: in this process only, for tests;
+- ``sqlite:///path.db`` (relative) or ``sqlite:////abs/path.db``: one host, any
+  number of threads and processes; handlers can commit their own writes and the
+  completion record in one transaction (``message.transaction()``);
+- ``dynamodb://table``: shared by every worker on AWS (``?region=`` and
+  ``?endpoint=`` override boto3's defaults).
+
+A record is IN_PROGRESS (an owner holds a lease on it until ``expires_at``) or
+COMPLETED (until ``expires_at``, the end of its time to live). A record past its
+``expires_at`` counts as absent. Times are wall-clock seconds since the epoch,
+because the records are shared between processes and hosts.
+
+Every method may raise ``StoreError``; ``open_store`` raises ``ConfigError`` for a
+URL it cannot parse and ``StartupError`` for a store it cannot reach.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import parse_qs, urlsplit
+
+from ..errors import ConfigError
+
+SCHEMES = ("memory", "sqlite", "dynamodb")
+
+
+class State(enum.Enum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True)
+class Record:
+    state: State
+    owner: str
+    digest: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One claimed key, as the lease thread renews it."""
+
+    key: str
+    owner: str
+    expires_at: float
+
+
+class Store(Protocol):
+    url: str
+
+    def claim(
+        self, key: str, owner: str, digest: str, expires_at: float, now: float
+    ) -> Record | None:
+        """Take the key IN_PROGRESS for ``owner``: None if done, else the live record in the way."""
+        ...
+
+    def renew(self, leases: Sequence[Lease]) -> list[str]:
+        """Move each lease's expiry; returns the keys whose record ``owner`` no longer holds."""
+        ...
+
+    def complete(self, key: str, owner: str, digest: str, expires_at: float, now: float) -> bool:
+        """Mark the key COMPLETED; False if another owner's live record stood in the way."""
+        ...
+
+    def release(self, key: str, owner: str) -> None:
+        """Forget ``owner``'s IN_PROGRESS record, so a retry can run at once."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class TransactionalStore(Protocol):
+    """A store in a SQL database the handler can write to in the same transaction."""
+
+    def transaction(
+        self, key: str, owner: str, expires_at: float
+    ) -> AbstractContextManager[Any]: ...
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    url: str
+    scheme: str
+    location: str  # the database path or the table name
+    options: dict[str, str]
+
+
+OPTIONS: dict[str, set[str]] = {
+    "memory": set(),
+    "sqlite": {"timeout", "synchronous"},
+    "dynamodb": {"region", "endpoint"},
+}
+
+
+def parse_url(url: str) -> StoreURL:
+    """Check a store URL's shape without touching the store."""
+    parts = urlsplit(url.strip())
+    hint = "use memory://, sqlite:///PATH.db or dynamodb://TABLE"
+    if parts.scheme not in SCHEMES or "://" not in url:
+        raise ConfigError(f"{url!r} is not an idempotency store URL: {hint}", field="store")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    options = {k: v[-1] for k, v in query.items()}
+    unknown = sorted(set(options) - OPTIONS[parts.scheme])
+    if unknown:
+        allowed = ", ".join(sorted(OPTIONS[parts.scheme])) or "none"
+        raise ConfigError(
+            f"{url!r} has unknown option(s) {', '.join(unknown)}; "
+            f"{parts.scheme} stores take: {allowed}",
+            field="store",
+        )
+    if parts.scheme == "memory":
+        return StoreURL(url, "memory", parts.netloc + parts.path, options)
+    if parts.scheme == "sqlite":
+        if parts.netloc:
+            raise ConfigError(
+                f"{url!r} names a host; write sqlite:///relative/path.db or "
+                "sqlite:////absolute/path.db (three or four slashes)",
+                field="store",
+            )
+        path = parts.path[1:]
+        if not path or path == ":memory:":
+            raise ConfigError(
+                f"{url!r} names no database file: write sqlite:///PATH.db "
+                "(an in-memory database cannot be shared by the worker's threads; "
+                "use memory:// for tests)",
+                field="store",
+            )
+        return StoreURL(url, "sqlite", path, options)
+    table = parts.netloc
+    if parts.path not in ("", "/") or not _valid_table(table):
+        raise ConfigError(
+            f"{url!r} does not name a DynamoDB table: write dynamodb://TABLE, where TABLE "
+            "has 3 to 255 letters, digits, '_', '-' or '.'",
+            field="store",
+        )
+    return StoreURL(url, "dynamodb", table, options)
+
+
+def _valid_table(name: str) -> bool:
+    return 3 <= len(name) <= 255 and all(c.isalnum() or c in "_-." for c in name)
+
+
+def open_store(
+    url: str, *, region: str | None = None, endpoint_url: str | None = None, create: bool = False
+) -> Store:
+    """Open (and check) the store ``url`` names; ``create`` makes its table first."""
+    parsed = parse_url(url)
+    if parsed.scheme == "memory":
+        from .memory import MemoryStore
+
+        return MemoryStore()
+    if parsed.scheme == "sqlite":
+        from .sqlite import SQLiteStore
+
+        return SQLiteStore.open(parsed)
+    from .dynamodb import DynamoDBStore
+
+    return DynamoDBStore.open(parsed, region=region, endpoint_url=endpoint_url, create=create)

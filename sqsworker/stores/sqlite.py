@@ -1,0 +1,253 @@
+"""``sqlite:///path.db``: records in a SQLite database on this host.
+
+Safe across threads (one connection per thread) and processes (WAL journal, a
+busy timeout instead of "database is locked"). Each operation is one statement,
+so each is atomic without holding a lock across calls.
+
+``synchronous=NORMAL`` by default: a committed transaction survives the process
+being killed (``kill -9``); a power loss may undo the last few.
+``?synchronous=full`` makes each commit wait for the disk. ``?timeout=S`` is the
+busy timeout (30 s).
+
+``transaction()`` gives a handler the database inside ``BEGIN IMMEDIATE`` and
+writes the completion record in the same transaction, but only while the claim
+is still the handler's own: a worker whose claim passed to another worker gets
+its writes rolled back. PostgreSQL can follow the same shape: one table, the
+same statements (``INSERT ... ON CONFLICT``), and ``SELECT ... FOR UPDATE`` on
+the record inside the handler's transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ..errors import ConfigError, LeaseLost, StartupError, StoreError
+from . import Lease, Record, State, StoreURL
+
+TABLE = "sqsworker_idempotency"
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    key TEXT PRIMARY KEY,
+    state TEXT NOT NULL,          -- 'in_progress' or 'completed'
+    owner TEXT NOT NULL,          -- one claim of one message
+    digest TEXT NOT NULL,         -- hash of the body
+    expires_at REAL NOT NULL      -- epoch seconds: the lease's end, or the record's TTL
+);
+CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at);
+"""
+PURGE_EVERY = 1000  # claims between purges of expired records
+PURGE_BATCH = 1000
+SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+
+class SQLiteStore:
+    def __init__(self, path: str, url: str, *, timeout: float = 30.0, synchronous: str = "normal"):
+        self.url = url
+        self.path = path
+        self.timeout = timeout
+        self.synchronous = synchronous
+        self._local = threading.local()
+        self._lock = threading.Lock()  # guards _connections and _claims
+        self._connections: list[sqlite3.Connection] = []
+        self._claims = 0
+
+    @classmethod
+    def open(cls, url: StoreURL) -> SQLiteStore:
+        try:
+            timeout = float(url.options.get("timeout", "30"))
+        except ValueError:
+            raise ConfigError(f"{url.url!r}: timeout must be a number of seconds") from None
+        synchronous = url.options.get("synchronous", "normal").lower()
+        if synchronous not in SYNCHRONOUS:
+            raise ConfigError(f"{url.url!r}: synchronous must be one of {', '.join(SYNCHRONOUS)}")
+        folder = os.path.dirname(os.path.abspath(url.location))
+        if not os.path.isdir(folder):
+            raise StartupError(
+                f"the idempotency store {url.url} is in {folder}, which does not exist: "
+                "create the folder or choose another path"
+            )
+        store = cls(url.location, url.url, timeout=timeout, synchronous=synchronous)
+        try:
+            store._connection().executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            store.close()
+            raise StartupError(
+                f"the idempotency store {url.url} cannot be opened ({exc}): "
+                "check that the file is a SQLite database this user can write"
+            ) from None
+        return store
+
+    # -- connections -------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            # isolation_level=None: each statement commits by itself unless we BEGIN.
+            db = sqlite3.connect(
+                self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._local.db = db
+            with self._lock:
+                self._connections.append(db)
+        return db
+
+    def _execute(self, sql: str, *params: Any) -> sqlite3.Cursor:
+        try:
+            return self._connection().execute(sql, params)
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+
+    # -- the Store protocol ----------------------------------------------------------------
+
+    def claim(
+        self, key: str, owner: str, digest: str, expires_at: float, now: float
+    ) -> Record | None:
+        self._maybe_purge(now)
+        taken = self._execute(
+            f"INSERT INTO {TABLE} (key, state, owner, digest, expires_at) "
+            "VALUES (?, 'in_progress', ?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET state = 'in_progress', owner = excluded.owner, "
+            f"digest = excluded.digest, expires_at = excluded.expires_at "
+            f"WHERE {TABLE}.expires_at <= ?",
+            key,
+            owner,
+            digest,
+            expires_at,
+            now,
+        )
+        if taken.rowcount == 1:
+            return None
+        row = self._execute(
+            f"SELECT state, owner, digest, expires_at FROM {TABLE} WHERE key = ?", key
+        ).fetchone()
+        if row is None:  # released between the two statements: try once more
+            return self.claim(key, owner, digest, expires_at, now)
+        return Record(State(row[0]), row[1], row[2], row[3])
+
+    def renew(self, leases: Sequence[Lease]) -> list[str]:
+        lost = []
+        db = self._connection()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for lease in leases:
+                    moved = db.execute(
+                        f"UPDATE {TABLE} SET expires_at = ? "
+                        "WHERE key = ? AND owner = ? AND state = 'in_progress'",
+                        (lease.expires_at, lease.key, lease.owner),
+                    )
+                    if moved.rowcount != 1:
+                        lost.append(lease.key)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+        return lost
+
+    def complete(self, key: str, owner: str, digest: str, expires_at: float, now: float) -> bool:
+        done = self._execute(
+            f"INSERT INTO {TABLE} (key, state, owner, digest, expires_at) "
+            "VALUES (?, 'completed', ?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET state = 'completed', owner = excluded.owner, "
+            "digest = excluded.digest, expires_at = excluded.expires_at "
+            f"WHERE {TABLE}.owner = excluded.owner OR {TABLE}.expires_at <= ?",
+            key,
+            owner,
+            digest,
+            expires_at,
+            now,
+        )
+        return done.rowcount == 1
+
+    def release(self, key: str, owner: str) -> None:
+        self._execute(
+            f"DELETE FROM {TABLE} WHERE key = ? AND owner = ? AND state = 'in_progress'",
+            key,
+            owner,
+        )
+
+    @contextmanager
+    def transaction(self, key: str, owner: str, expires_at: float) -> Iterator[Transaction]:
+        """The handler's writes and the completion record, committed together or not at all."""
+        db = self._connection()
+        try:
+            db.execute("BEGIN IMMEDIATE")  # the write lock now: no deadlock upgrading later
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+        try:
+            yield Transaction(db)
+            completed = db.execute(
+                f"UPDATE {TABLE} SET state = 'completed', expires_at = ? "
+                "WHERE key = ? AND owner = ? AND state = 'in_progress'",
+                (expires_at, key, owner),
+            )
+            if completed.rowcount != 1:
+                raise LeaseLost(
+                    f"the idempotency record of {key!r} passed to another worker while this "
+                    "one ran (its lease lapsed); this transaction was rolled back, so the "
+                    "effect happens once, there"
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def get(self, key: str) -> Record | None:
+        row = self._execute(
+            f"SELECT state, owner, digest, expires_at FROM {TABLE} WHERE key = ?", key
+        ).fetchone()
+        return None if row is None else Record(State(row[0]), row[1], row[2], row[3])
+
+    def close(self) -> None:
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for db in connections:
+            db.close()
+
+    def _maybe_purge(self, now: float) -> None:
+        with self._lock:
+            self._claims += 1
+            if self._claims % PURGE_EVERY != 1:
+                return
+        self._execute(
+            f"DELETE FROM {TABLE} WHERE key IN "
+            f"(SELECT key FROM {TABLE} WHERE expires_at <= ? LIMIT {PURGE_BATCH})",
+            now,
+        )
+
+
+class Transaction:
+    """The handler's connection inside ``message.transaction()``: commits when the block ends.
+
+    Everything a ``sqlite3.Connection`` does, except ending the transaction early.
+    """
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    def commit(self) -> None:
+        raise RuntimeError(
+            "message.transaction() commits when its with-block ends; do not commit inside it"
+        )
+
+    def rollback(self) -> None:
+        raise RuntimeError(
+            "message.transaction() rolls back when an exception leaves its with-block; "
+            "raise instead of calling rollback()"
+        )
+
+    def close(self) -> None:
+        raise RuntimeError("the connection of message.transaction() belongs to the worker")
