@@ -11,17 +11,19 @@ import argparse
 import os
 import resource
 import statistics
+import tempfile
 import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqsworker import Message, Worker, WorkerConfig
 from sqsworker.events import Observer, Observers, Tally
 from sqsworker.local import LocalSQS
 from sqsworker.metrics import Metrics
+from sqsworker.stores import Store, open_store
 from sqsworker.telemetry import TelemetryServer
 from sqsworker.transports import Transport, send_all
 from sqsworker.transports.memory import MemorySQS
@@ -66,6 +68,7 @@ def drain(
     concurrency: int,
     ideal: float | None = None,
     metrics: bool = False,
+    store: Store | None = None,
 ) -> Result:
     send_all(transport, [f'{{"n": {i}}}' for i in range(messages)])
     before = Counter(requests)
@@ -77,11 +80,18 @@ def drain(
         burst=True,
         visibility_timeout=30,
     )
-    observers: list[Observer] = [tally]
+    finish = Finish(messages)
+    observers: list[Observer] = [tally, finish]
     if metrics:  # as `sqsworker run` wires them, scraped twice a second
         recorder = Metrics(config.queue, "bench.handler")
         observers.append(recorder)
-    worker = Worker(handler, config, transport=transport, observer=Observers(observers))
+    worker = Worker(
+        handler,
+        config,
+        transport=transport,
+        observer=Observers(observers),
+        idempotency_store=store,
+    )
     server = scraper = None
     if metrics:
         recorder.watch(worker)
@@ -90,13 +100,29 @@ def drain(
     started = time.perf_counter()
     worker.start()
     worker.wait()
-    elapsed = time.perf_counter() - started
+    assert finish.at is not None
+    elapsed = finish.at - started  # not burst mode's closing empty poll
     worker.shutdown()
     if server and scraper:
         scraper.stop()
         server.stop()
     assert tally.counts["deleted"] == messages, tally.counts
     return Result(name, messages, elapsed, requests - before, tally.counts["empty_receives"], ideal)
+
+
+class Finish(Observer):
+    """Notes when the last message was deleted: the end of the drain."""
+
+    def __init__(self, messages: int) -> None:
+        self.left = messages
+        self.at: float | None = None
+        self._lock = threading.Lock()
+
+    def deleted(self, messages: Sequence[Message]) -> None:
+        with self._lock:
+            self.left -= len(messages)
+            if self.left <= 0 and self.at is None:
+                self.at = time.perf_counter()
 
 
 class Scraper:
@@ -120,20 +146,55 @@ class Scraper:
         self._thread.join()
 
 
-def metrics_cost(messages: int, rounds: int) -> tuple[list[float], list[float]]:
-    """Throughput with metrics off and on, alternating, on the in-memory SQS."""
-    memory = MemorySQS()
+def side_by_side(
+    rounds: int, run: Callable[[bool, str], Result]
+) -> tuple[list[float], list[float]]:
+    """``run(on, queue)`` ``rounds`` times each way, alternating: msg/s off, msg/s on."""
     rates: dict[bool, list[float]] = {False: [], True: []}
     for index in range(rounds * 2):
         on = index % 2 == 1
-        queue = f"bench-metrics-{index}"
-        memory.create_queue(queue)
-        name = "metrics on" if on else "metrics off"
-        result = drain(
-            name, memory.transport(queue), memory.requests, messages, noop, 16, metrics=on
-        )
-        rates[on].append(result.rate)
+        rates[on].append(run(on, f"bench-side-by-side-{index}").rate)
     return rates[False], rates[True]
+
+
+def metrics_cost(messages: int, rounds: int) -> tuple[list[float], list[float]]:
+    """Throughput with metrics off and on, on the in-memory SQS, no-op handlers."""
+    memory = MemorySQS()
+
+    def run(on: bool, queue: str) -> Result:
+        memory.create_queue(queue)
+        return drain(
+            queue, memory.transport(queue), memory.requests, messages, noop, 16, metrics=on
+        )
+
+    return side_by_side(rounds, run)
+
+
+def idempotency_cost(messages: int, rounds: int) -> tuple[list[float], list[float]]:
+    """Throughput without and with a SQLite idempotency store: 10 ms handlers, concurrency 16."""
+    memory = MemorySQS()
+    handler = sleeper(0.01)
+    with tempfile.TemporaryDirectory() as folder:
+
+        def run(on: bool, queue: str) -> Result:
+            memory.create_queue(queue)
+            store = open_store(f"sqlite:///{folder}/{queue}.db") if on else None
+            return drain(
+                queue, memory.transport(queue), memory.requests, messages, handler, 16, store=store
+            )
+
+        return side_by_side(rounds, run)
+
+
+def print_side_by_side(
+    title: str, labels: tuple[str, str], off: list[float], on: list[float]
+) -> None:
+    print(f"\n{title}:")
+    for label, rates in zip(labels, (off, on), strict=True):
+        runs = " ".join(f"{r:.0f}" for r in rates)
+        print(f"  {label:<10} msg/s: {runs}  median {statistics.median(rates):.0f}")
+    ratio = statistics.median(on) / statistics.median(off)
+    print(f"  {labels[1]} / {labels[0]} (medians): {ratio:.3f}")
 
 
 def noop(message: Message) -> None:
@@ -154,9 +215,12 @@ def main() -> None:
     parser.add_argument("--slow-messages", type=int, default=2000)
     parser.add_argument("--metrics-messages", type=int, default=5000)
     parser.add_argument("--metrics-rounds", type=int, default=5)
+    parser.add_argument("--idempotency-messages", type=int, default=2000)
+    parser.add_argument("--idempotency-rounds", type=int, default=5)
     args = parser.parse_args()
 
     off, on = metrics_cost(args.metrics_messages, args.metrics_rounds)
+    no_store, sqlite = idempotency_cost(args.idempotency_messages, args.idempotency_rounds)
 
     results: list[Result] = []
     memory = MemorySQS()
@@ -197,13 +261,20 @@ def main() -> None:
             f"{r.name:<46}{r.messages:>6}{r.rate:>9.0f}{r.saturated_requests_per_message:>14.3f}"
             f"{r.total_requests_per_message:>13.3f}{of_ideal:>10}"
         )
-    print(
-        f"\nmetrics cost (memory, no-op handlers, {args.metrics_messages} msgs, "
-        f"{args.metrics_rounds} alternating rounds, scraped every 0.5 s):"
+    print_side_by_side(
+        f"metrics cost (memory, no-op handlers, {args.metrics_messages} msgs, "
+        f"{args.metrics_rounds} alternating rounds, scraped every 0.5 s)",
+        ("off", "on"),
+        off,
+        on,
     )
-    print(f"  off msg/s: {' '.join(f'{r:.0f}' for r in off)}  median {statistics.median(off):.0f}")
-    print(f"  on  msg/s: {' '.join(f'{r:.0f}' for r in on)}  median {statistics.median(on):.0f}")
-    print(f"  on / off (medians): {statistics.median(on) / statistics.median(off):.3f}")
+    print_side_by_side(
+        f"idempotency cost (memory, 10 ms handlers, concurrency 16, ideal 1600 msg/s, "
+        f"{args.idempotency_messages} msgs, {args.idempotency_rounds} alternating rounds)",
+        ("no store", "sqlite"),
+        no_store,
+        sqlite,
+    )
     print(f"\npeak RSS of the benchmark process: {peak_mb:.0f} MB")
     print(
         "req/msg busy: receives that returned messages + deletes + renewals, per message "

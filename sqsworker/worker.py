@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import structlog
@@ -57,6 +58,7 @@ class Worker:
         self._transport = transport
         self._store = idempotency_store  # else opened from config.idempotency_store at start
         self.idempotency: Idempotency | None = None
+        self._claims: ThreadPoolExecutor | None = None  # renews claims after lease renewals
         self._dead_letter_queue: Transport | None = None
         self.capacity = self.config.concurrency + self.config.prefetch
 
@@ -111,6 +113,9 @@ class Worker:
                 max_connections=self.config.concurrency + 4,
             )
         self.idempotency = self._open_idempotency()
+        if self.idempotency:
+            # The store is slower than SQS and may be locked: never keep the lease thread.
+            self._claims = ThreadPoolExecutor(1, thread_name_prefix="sqsworker-claims")
         self.keeper = LeaseKeeper(
             self.transport,
             self.clock,
@@ -202,7 +207,8 @@ class Worker:
         # 6. Flush queued deletes and returns, then stop the lease thread.
         unsettled = self.keeper.stop(give_up_after=max(5.0, deadline - self.clock.monotonic()))
         self.transport.close()
-        if self.idempotency:
+        if self.idempotency and self._claims:
+            self._claims.shutdown(wait=True)
             self.idempotency.close()
         self.observer.shutdown_finished(clean, len(waiting) + len(overdue), unsettled)
         return 0 if clean else 1
@@ -394,7 +400,11 @@ class Worker:
             self.observer.store_failed("release", exc)
 
     def _renew_claims(self, messages: list[Message]) -> None:
-        """On the lease thread, after a renewal: each claim's lease follows its message's."""
+        """Called by the lease thread after a renewal: each claim's lease follows its message's."""
+        assert self._claims is not None
+        self._claims.submit(self._renew_claims_now, messages)
+
+    def _renew_claims_now(self, messages: list[Message]) -> None:
         assert self.idempotency is not None
         try:
             lost = self.idempotency.renew(messages)

@@ -53,6 +53,10 @@ class SQLiteStore:
         self.synchronous = synchronous
         self._local = threading.local()
         self._lock = threading.Lock()  # guards _connections and _claims
+        # One writer at a time in this process: SQLite's own busy wait sleeps whole
+        # milliseconds, so threads queueing here instead write sooner. Other processes
+        # still meet the busy timeout.
+        self._writing = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._claims = 0
 
@@ -104,13 +108,17 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite store {self.path}: {exc}") from exc
 
+    def _write(self, sql: str, *params: Any) -> sqlite3.Cursor:
+        with self._writing:
+            return self._execute(sql, *params)
+
     # -- the Store protocol ----------------------------------------------------------------
 
     def claim(
         self, key: str, owner: str, digest: str, expires_at: float, now: float
     ) -> Record | None:
         self._maybe_purge(now)
-        taken = self._execute(
+        taken = self._write(
             f"INSERT INTO {TABLE} (key, state, owner, digest, expires_at) "
             "VALUES (?, 'in_progress', ?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET state = 'in_progress', owner = excluded.owner, "
@@ -134,27 +142,29 @@ class SQLiteStore:
     def renew(self, leases: Sequence[Lease]) -> list[str]:
         lost = []
         db = self._connection()
-        try:
-            db.execute("BEGIN IMMEDIATE")
+        with self._writing:
             try:
-                for lease in leases:
-                    moved = db.execute(
-                        f"UPDATE {TABLE} SET expires_at = ? "
-                        "WHERE key = ? AND owner = ? AND state = 'in_progress'",
-                        (lease.expires_at, lease.key, lease.owner),
-                    )
-                    if moved.rowcount != 1:
-                        lost.append(lease.key)
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    for lease in leases:
+                        moved = db.execute(
+                            f"UPDATE {TABLE} SET expires_at = ? "
+                            "WHERE key = ? AND owner = ? AND state = 'in_progress'",
+                            (lease.expires_at, lease.key, lease.owner),
+                        )
+                        if moved.rowcount != 1:
+                            lost.append(lease.key)
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite store {self.path}: {exc}") from exc
         return lost
 
     def complete(self, key: str, owner: str, digest: str, expires_at: float, now: float) -> bool:
-        done = self._execute(
+        done = self._write(
             f"INSERT INTO {TABLE} (key, state, owner, digest, expires_at) "
             "VALUES (?, 'completed', ?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET state = 'completed', owner = excluded.owner, "
@@ -169,7 +179,7 @@ class SQLiteStore:
         return done.rowcount == 1
 
     def release(self, key: str, owner: str) -> None:
-        self._execute(
+        self._write(
             f"DELETE FROM {TABLE} WHERE key = ? AND owner = ? AND state = 'in_progress'",
             key,
             owner,
@@ -179,28 +189,29 @@ class SQLiteStore:
     def transaction(self, key: str, owner: str, expires_at: float) -> Iterator[Transaction]:
         """The handler's writes and the completion record, committed together or not at all."""
         db = self._connection()
-        try:
-            db.execute("BEGIN IMMEDIATE")  # the write lock now: no deadlock upgrading later
-        except sqlite3.Error as exc:
-            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
-        try:
-            yield Transaction(db)
-            completed = db.execute(
-                f"UPDATE {TABLE} SET state = 'completed', expires_at = ? "
-                "WHERE key = ? AND owner = ? AND state = 'in_progress'",
-                (expires_at, key, owner),
-            )
-            if completed.rowcount != 1:
-                raise LeaseLost(
-                    f"the idempotency record of {key!r} passed to another worker while this "
-                    "one ran (its lease lapsed); this transaction was rolled back, so the "
-                    "effect happens once, there"
+        with self._writing:
+            try:
+                db.execute("BEGIN IMMEDIATE")  # the write lock now: no deadlock upgrading later
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+            try:
+                yield Transaction(db)
+                completed = db.execute(
+                    f"UPDATE {TABLE} SET state = 'completed', expires_at = ? "
+                    "WHERE key = ? AND owner = ? AND state = 'in_progress'",
+                    (expires_at, key, owner),
                 )
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
+                if completed.rowcount != 1:
+                    raise LeaseLost(
+                        f"the idempotency record of {key!r} passed to another worker while "
+                        "this one ran (its lease lapsed); this transaction was rolled back, "
+                        "so the effect happens once, there"
+                    )
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
 
     def get(self, key: str) -> Record | None:
         row = self._execute(
@@ -219,7 +230,7 @@ class SQLiteStore:
             self._claims += 1
             if self._claims % PURGE_EVERY != 1:
                 return
-        self._execute(
+        self._write(
             f"DELETE FROM {TABLE} WHERE key IN "
             f"(SELECT key FROM {TABLE} WHERE expires_at <= ? LIMIT {PURGE_BATCH})",
             now,
