@@ -18,13 +18,14 @@ from collections import Counter
 from pathlib import Path
 
 from sqsworker.local import LocalSQS
-from sqsworker.transports import send_all
+from sqsworker.transports import OutgoingMessage, send_all
 from sqsworker.transports.sqs import SQSTransport
 
 ROOT = Path(__file__).resolve().parents[1]
 VISIBILITY = 2
 MAX_RECEIVES = 3
-WORKLOAD = {"normal": 20, "slow": 3, "flaky": 3, "poison": 2}
+WORKLOAD = {"normal": 20, "slow": 3, "flaky": 3, "poison": 2, "duplicate": 3}
+COPIES = 2  # each "duplicate" order is sent twice with one idempotency key, as a producer retry
 
 
 def main() -> int:
@@ -36,18 +37,24 @@ def main() -> int:
         ledger = Path(scratch) / "ledger.txt"
         ledger.touch()
 
-        bodies = [
+        bodies: list[OutgoingMessage | str] = [
             json.dumps({"id": n, "kind": kind, "seconds": 5})
             for kind, count in WORKLOAD.items()
             for n in range(count)
+            if kind != "duplicate"
         ]
         bodies.append("<order id=99>not json</order>")
+        for n in range(WORKLOAD["duplicate"]):
+            key = {"DataType": "String", "StringValue": f"order-{n}-attempt-1"}
+            body = json.dumps({"id": n, "kind": "duplicate"})
+            bodies += [OutgoingMessage(body, {"idempotency-key": key})] * COPIES
         send_all(queue, bodies)
         print(
             f"== embedded SQS at {sqs.endpoint_url}: sent {len(bodies)} orders to 'orders' "
             f"(visibility timeout {VISIBILITY} s, dead-letter queue after {MAX_RECEIVES} receives)"
         )
         print("== slow orders take 5 s: longer than the visibility timeout, so leases are renewed")
+        print("== duplicate orders are each sent twice under one idempotency key")
 
         metrics_port = _free_port()
         command = [
@@ -69,6 +76,8 @@ def main() -> int:
             str(metrics_port),
             "--log-format",
             "console",
+            "--idempotency-store",
+            f"sqlite:///{scratch}/orders.db",
         ]
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         print("== running: sqsworker run examples.orders:process --burst ...")
@@ -135,17 +144,19 @@ def _summary(ledger: Path, dlq: SQSTransport, sent: int) -> None:
         "flaky": "failed once, retried after backoff, then succeeded",
         "poison": f"failed {MAX_RECEIVES} times, then moved to the dead-letter queue",
         "malformed": "body is not JSON: rejected straight to the dead-letter queue",
+        "duplicate": f"sent {COPIES} times under one key: run once, the copy deleted unrun",
     }
     print("\n== summary")
     print(f"   {'kind':<10}{'sent':>6}{'runs':>6}{'done':>6}{'in DLQ':>8}   what happened")
     for kind, note in notes.items():
-        sent_n = WORKLOAD.get(kind, 1)
+        sent_n = WORKLOAD.get(kind, 1) * (COPIES if kind == "duplicate" else 1)
         runs = attempts[kind] if kind != "malformed" else 0
         print(f"   {kind:<10}{sent_n:>6}{runs:>6}{done[kind]:>6}{dead[kind]:>8}   {note}")
-    lost = sent - sum(done.values()) - sum(dead.values())
+    copies = WORKLOAD["duplicate"] * (COPIES - 1)
+    lost = sent - copies - sum(done.values()) - sum(dead.values())
     print(
-        f"\n   {sent} sent, {sum(done.values())} done, {sum(dead.values())} in the dead-letter "
-        f"queue, {lost} lost."
+        f"\n   {sent} sent ({copies} of them copies), {sum(done.values())} done, "
+        f"{sum(dead.values())} in the dead-letter queue, {lost} lost."
     )
 
 
@@ -156,6 +167,7 @@ def _metrics(url: str, text: str) -> None:
         "sqsworker_messages_failed_total",
         "sqsworker_messages_dead_lettered_total",
         "sqsworker_visibility_extensions_total",
+        "sqsworker_duplicates_suppressed_total",
         "sqsworker_sqs_requests_total",
     )
     lines = [line for line in text.splitlines() if line.startswith(shown)]

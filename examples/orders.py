@@ -11,7 +11,9 @@ what the runtime does with each outcome:
 - slow: takes longer than the visibility timeout; the lease thread keeps it hidden;
 - flaky: fails on its first attempt (a gateway time-out) and succeeds on the retry;
 - poison: fails every time; after the queue's maxReceiveCount it is in the DLQ;
-- a body that is not JSON: message.json() rejects it straight to the DLQ.
+- a body that is not JSON: message.json() rejects it straight to the DLQ;
+- duplicate: sent twice under one idempotency-key attribute; with
+  --idempotency-store the copy is deleted without running.
 """
 
 from __future__ import annotations

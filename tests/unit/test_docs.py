@@ -51,3 +51,10 @@ def test_the_iam_policy_file_is_the_one_the_deployment_page_shows() -> None:
     assert policy == json.loads(shown[1])
     actions = {a for s in policy["Statement"] for a in s["Action"]}
     assert {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"} <= actions
+    # what DynamoDBStore calls: check() at start, then claim, renew, complete, release
+    assert {
+        "dynamodb:DescribeTable",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:DeleteItem",
+    } <= actions

@@ -1,0 +1,31 @@
+"""`make demo` runs examples/demo.py: it must finish and account for every order."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from .scenario import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_demo_accounts_for_every_order() -> None:
+    result = subprocess.run(
+        [sys.executable, "examples/demo.py"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {
+        m[1]: tuple(int(n) for n in m.groups()[1:])
+        for m in re.finditer(r"^\s+(\w+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s", result.stdout, re.M)
+    }
+    # kind: (sent, runs, done, in the dead-letter queue)
+    assert rows["normal"] == (20, 20, 20, 0)
+    assert rows["slow"] == (3, 3, 3, 0)
+    assert rows["poison"] == (2, 6, 0, 2)
+    assert rows["duplicate"] == (6, 3, 3, 0)  # each copy deleted unrun
+    assert "0 lost." in result.stdout
+    assert "sqsworker_duplicates_suppressed_total 3.0" in result.stdout
