@@ -106,12 +106,12 @@ class Idempotency:
     def admit(self, message: Message) -> Admission:
         """Claim the message's key. Raises ``IdempotencyKeyError`` or ``StoreError``."""
         key = self.policy(message)
+        message.idempotency_key = key  # in every log line about it from now on
         claim = Claim(self, key, f"{self._owner_prefix}/{uuid.uuid4().hex[:12]}", digest(message))
         now = self.clock.time()
         record = self.store.claim(
             claim.record_key, claim.owner, claim.digest, now + message.lease.seconds_left, now
         )
-        message.idempotency_key = key
         if record is None:
             message.idempotency = claim  # ours to renew, complete or release
             return Admission(Verdict.RUN)
@@ -124,16 +124,14 @@ class Idempotency:
     def renew(self, messages: Sequence[Message]) -> list[Message]:
         """Move the claims of messages whose lease was just renewed; returns those lost."""
         now = self.clock.time()
-        claimed = {
-            m.idempotency.record_key: m
-            for m in messages
-            if m.idempotency is not None and not m.idempotency.committed
-        }
-        leases = [
-            Lease(key, m.idempotency.owner, now + m.lease.seconds_left)
-            for key, m in claimed.items()
-            if m.idempotency is not None
-        ]
+        claimed: dict[str, Message] = {}
+        leases: list[Lease] = []
+        for message in messages:
+            claim = message.idempotency  # read once: a handler thread may release it meanwhile
+            if claim is not None and not claim.committed:
+                claimed[claim.record_key] = message
+                expires_at = now + message.lease.seconds_left
+                leases.append(Lease(claim.record_key, claim.owner, expires_at))
         if not leases:
             return []
         return [claimed[key] for key in self.store.renew(leases)]

@@ -408,7 +408,7 @@ class Worker:
         assert self.idempotency is not None
         try:
             lost = self.idempotency.renew(messages)
-        except StoreError as exc:
+        except Exception as exc:  # on an executor thread: an error unreported is an error lost
             self.observer.store_failed("renew", exc)
             return
         for message in lost:
