@@ -25,7 +25,7 @@ from sqsworker.local import LocalSQS
 from sqsworker.metrics import Metrics
 from sqsworker.stores import Store, open_store
 from sqsworker.telemetry import TelemetryServer
-from sqsworker.transports import Transport, send_all
+from sqsworker.transports import OutgoingMessage, Transport, send_all
 from sqsworker.transports.memory import MemorySQS
 from sqsworker.transports.sqs import SQSTransport
 
@@ -69,8 +69,18 @@ def drain(
     ideal: float | None = None,
     metrics: bool = False,
     store: Store | None = None,
+    groups: int = 0,
 ) -> Result:
-    send_all(transport, [f'{{"n": {i}}}' for i in range(messages)])
+    """Send ``messages`` (round-robin over ``groups`` FIFO groups, if any) and drain them."""
+    send_all(
+        transport,
+        [
+            OutgoingMessage(f'{{"n": {i}}}', group_id=f"g{i % groups}", deduplication_id=str(i))
+            if groups
+            else f'{{"n": {i}}}'
+            for i in range(messages)
+        ],
+    )
     before = Counter(requests)
     tally = Tally()
     config = WorkerConfig(
@@ -186,6 +196,30 @@ def idempotency_cost(messages: int, rounds: int) -> tuple[list[float], list[floa
         return side_by_side(rounds, run)
 
 
+def fifo_groups(per_group: int, counts: list[int]) -> list[Result]:
+    """FIFO throughput against the number of groups: 50 ms handlers, concurrency 16."""
+    memory = MemorySQS()
+    results = []
+    for groups in counts:
+        queue = f"bench-fifo-{groups}.fifo"
+        memory.create_queue(queue, {"FifoQueue": "true"})
+        name = f"memory FIFO, {groups} group{'s' if groups > 1 else ''}, 50 ms, concurrency 16"
+        ideal = min(groups, 16) / 0.05
+        results.append(
+            drain(
+                name,
+                memory.transport(queue),
+                memory.requests,
+                per_group * groups,
+                sleeper(0.05),
+                16,
+                ideal,
+                groups=groups,
+            )
+        )
+    return results
+
+
 def print_side_by_side(
     title: str, labels: tuple[str, str], off: list[float], on: list[float]
 ) -> None:
@@ -217,6 +251,7 @@ def main() -> None:
     parser.add_argument("--metrics-rounds", type=int, default=5)
     parser.add_argument("--idempotency-messages", type=int, default=2000)
     parser.add_argument("--idempotency-rounds", type=int, default=5)
+    parser.add_argument("--fifo-per-group", type=int, default=40)
     args = parser.parse_args()
 
     off, on = metrics_cost(args.metrics_messages, args.metrics_rounds)
@@ -235,6 +270,8 @@ def main() -> None:
                 name, memory.transport(queue), memory.requests, count, handler, concurrency, ideal
             )
         )
+
+    results += fifo_groups(args.fifo_per_group, [1, 4, 16])
 
     with LocalSQS() as server:
         os.environ.update(server.env())

@@ -56,6 +56,7 @@ class Held:
         self.state = State.WAITING
         self.renewals = 0
         self.near_cap_warned = False
+        self.outcome: str | None = None  # "delete" or "return", once one is queued
         self.message = Message(envelope, keeper.transport.info.name, self)
 
     # -- the Lease protocol ------------------------------------------------------
@@ -69,6 +70,11 @@ class Held:
     @property
     def lost(self) -> bool:
         return self.state is State.LOST
+
+    @property
+    def gone(self) -> bool:
+        """Its delete is queued under a lease still held: it will not come back."""
+        return self.outcome == "delete" and self.state is not State.LOST
 
     def extend(self, seconds: int) -> float:
         return self.keeper.extend(self, seconds)
@@ -141,9 +147,12 @@ class LeaseKeeper:
             held.state = State.RUNNING
             return True
 
-    def succeed(self, held: Held) -> None:
-        """Queue the delete. After a lost lease the delete is still tried, reported as unsure."""
-        self._queue(held, _Op(held, "delete"), allow_lost=True)
+    def succeed(self, held: Held, urgent: bool = False) -> None:
+        """Queue the delete (``urgent``: send it now, with whatever else is queued).
+
+        After a lost lease the delete is still tried, reported as unsure.
+        """
+        self._queue(held, _Op(held, "delete", urgent=urgent), allow_lost=True)
 
     def release(self, held: Held, seconds: float, reason: str, urgent: bool = False) -> None:
         """Return the message to the queue, visible again after ``seconds``."""
@@ -213,6 +222,7 @@ class LeaseKeeper:
                 return  # SQS returns it by itself
             if held.state is not State.LOST:
                 held.state = State.SETTLING
+            held.outcome = op.action
             op.queued_at = self.clock.monotonic()
             self._ops.append(op)
             self._wake.notify_all()

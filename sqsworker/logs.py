@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from .events import Observer
+from .lanes import HANDED_BACK_BEHIND
 
 if TYPE_CHECKING:
     from .config import WorkerConfig
@@ -178,6 +179,12 @@ class LogObserver(Observer):
     def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
         if reason == "shutdown":
             self.log.info("handed messages back", count=len(messages))
+        elif reason == HANDED_BACK_BEHIND:
+            for message in messages:
+                self._for(message).info(
+                    "handed back: an earlier message of its FIFO group comes back first",
+                    group_id=message.group_id,
+                )
 
     def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:
         self.log.debug("leases extended", count=len(messages), seconds=seconds)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -25,6 +24,7 @@ from .events import Observer, Observers
 from .handler import Handler, as_handler
 from .health import Health, Progress
 from .idempotency import Idempotency, Verdict
+from .lanes import HANDED_BACK_BEHIND, Lanes, Line
 from .lease import Held, LeaseKeeper
 from .policies import Backoff
 from .transports import MAX_BATCH, OutgoingMessage, Transport, send_all
@@ -65,7 +65,8 @@ class Worker:
         self._stopping = threading.Event()  # set once: no more receives
         # _slots guards _pending, _unfinished and _closing; handler threads wait on it.
         self._slots = threading.Condition()
-        self._pending: deque[Held] = deque()  # received, waiting for a handler thread
+        # Received, waiting for a handler thread: one line, or one lane per FIFO group.
+        self._pending: Line | Lanes = Line()
         self._unfinished = 0  # received and not yet through a handler (or handed back)
         self._closing = False  # handler threads exit when _pending is empty
         self._receiver: threading.Thread | None = None
@@ -112,6 +113,8 @@ class Worker:
                 region=self.config.region,
                 max_connections=self.config.concurrency + 4,
             )
+        if self.transport.info.fifo:
+            self._pending = Lanes()
         self.idempotency = self._open_idempotency()
         if self.idempotency:
             # The store is slower than SQS and may be locked: never keep the lease thread.
@@ -180,8 +183,7 @@ class Worker:
         #    --wait-time): the receive thread hands whatever it returns straight back.
         self._stopping.set()
         with self._slots:
-            waiting = list(self._pending)
-            self._pending.clear()
+            waiting = self._pending.drain()
             self._unfinished -= len(waiting)
             self._closing = True
             self._slots.notify_all()
@@ -258,7 +260,7 @@ class Worker:
             self.observer.received([h.message for h in held])
             with self._slots:
                 if not self._closing:
-                    self._pending.extend(held)
+                    self._pending.add(held)
                     self._unfinished += len(held)
                     self._slots.notify_all()
                     continue
@@ -296,19 +298,23 @@ class Worker:
     # -- the handler threads -------------------------------------------------------------
 
     def _work(self) -> None:
+        assert self.keeper is not None
         while True:
             with self._slots:
-                while not self._pending and not self._closing:
+                while (held := self._pending.take()) is None and not self._closing:
                     self._slots.wait()
-                if not self._pending:
+                if held is None:
                     return
-                held = self._pending.popleft()
             try:
                 self._process(held)
             finally:
                 with self._slots:
-                    self._unfinished -= 1
+                    # A FIFO group's later messages must not overtake one that comes back.
+                    later = self._pending.finish(held, settled=held.gone)
+                    self._unfinished -= 1 + len(later)
                     self._slots.notify_all()
+                for h in later:
+                    self.keeper.release(h, 0, HANDED_BACK_BEHIND, urgent=True)
 
     def _process(self, held: Held) -> None:
         assert self.keeper is not None
@@ -339,7 +345,7 @@ class Worker:
             raise
         else:
             self._complete_claim(message)
-            self.keeper.succeed(held)
+            self.keeper.succeed(held, urgent=self._blocks_its_group(held))
             self.observer.handler_succeeded(message, self.clock.monotonic() - started)
 
     # -- idempotency: each store call's failure is reported, and never loses the message --
@@ -370,7 +376,7 @@ class Worker:
                 return False
             verdict = Verdict.DUPLICATE
         if verdict is Verdict.DUPLICATE:
-            self.keeper.succeed(held)
+            self.keeper.succeed(held, urgent=self._blocks_its_group(held))
             self.observer.duplicate_suppressed(message)
         elif verdict is Verdict.BUSY:
             retry_in = min(max(1.0, admission.retry_in), self.config.visibility_timeout)
@@ -414,6 +420,17 @@ class Worker:
         for message in lost:
             self.observer.claim_lost(message, "the claim lapsed and another worker took the key")
 
+    def _blocks_its_group(self, held: Held) -> bool:
+        """True when SQS holds back the message's FIFO group until it is deleted.
+
+        That is, when the worker holds no later message of the group: then its
+        delete goes at once instead of waiting up to --delete-interval for a batch.
+        """
+        if not isinstance(self._pending, Lanes):
+            return False
+        with self._slots:
+            return not self._pending.waiting(held)
+
     def _fail(self, held: Held, exc: BaseException, started: float, delay: float | None) -> None:
         assert self.keeper is not None
         message = held.message
@@ -448,7 +465,7 @@ class Worker:
             self.observer.request_failed("SendMessageBatch", _as_transport_error(error))
             self._fail(held, exc, started, delay=None)
             return
-        self.keeper.succeed(held)
+        self.keeper.succeed(held, urgent=self._blocks_its_group(held))
         self.observer.handler_rejected(message, exc, duration, dlq.info.name)
 
     def _dead_letters(self, arn: str) -> Transport:

@@ -2,7 +2,8 @@
 
 ``work``: each run appends lines to the ledger file named by $LEDGER (appends of
 one short line are atomic, so several processes can share it): "start KIND ID
-RECEIVE PID" and "done KIND ID RECEIVE PID".
+RECEIVE PID" and "done KIND ID RECEIVE PID". The body's "sleep" is seconds to
+take; kind "fail" always raises, "fail_once" raises on the first receive.
 
 ``pay``: a transactional handler. It inserts one row per run into the table
 ``effects`` of the idempotency store's own SQLite database, inside
@@ -36,6 +37,8 @@ def work(message: sqsworker.Message) -> None:
     time.sleep(float(body.get("sleep", 0)))
     if body["kind"] == "fail":
         raise RuntimeError(f"order {body['id']} cannot be processed")
+    if body.get("fail_once") and message.receive_count == 1:
+        raise RuntimeError(f"order {body['id']} fails on its first attempt")
     _record("done", body, message)
 
 

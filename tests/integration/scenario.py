@@ -56,17 +56,24 @@ class Ledger:
 
 class Scenario:
     def __init__(
-        self, server: LocalSQS, tmp_path: Path, *, max_receive_count: int = 3, visibility: int = 2
+        self,
+        server: LocalSQS,
+        tmp_path: Path,
+        *,
+        max_receive_count: int = 3,
+        visibility: int = 2,
+        fifo: bool = False,
     ):
         self.server = server
-        self.name = unique("orders")
+        self.name = unique("orders") + (".fifo" if fifo else "")
         server.create_queue(
             self.name, max_receive_count=max_receive_count, visibility_timeout=visibility
         )
         self.queue: Transport = SQSTransport.connect(
             self.name, endpoint_url=server.endpoint_url, region="us-east-1"
         )
-        self.dlq: Transport = self.queue.open(self.name + "-dlq")
+        dlq = self.name.removesuffix(".fifo") + "-dlq" + (".fifo" if fifo else "")
+        self.dlq: Transport = self.queue.open(dlq)
         self.ledger = Ledger(tmp_path / "ledger.txt")
         self.tmp_path = tmp_path
         self.procs: list[subprocess.Popen[bytes]] = []

@@ -1,0 +1,118 @@
+"""Held messages waiting for a handler thread, in the order they may run.
+
+A standard queue has one line, taken in any order by any free thread. A FIFO
+queue has one *lane* per message group: a lane runs one message at a time, in
+the order SQS delivered them, and different lanes run side by side. SQS returns
+a group's messages in order within a receive, and delivers none of a group while
+one is in flight (held here), so arrival order is the group's order. (It is also
+SequenceNumber order on SQS; moto's sequence numbers are random, so they are not
+used.) When a message of a
+lane fails, the lane's later messages must not overtake its retry: ``finish``
+hands them back to the caller, who returns them to the queue. SQS then holds the
+whole group back until the failed message is received again.
+
+Not thread-safe by itself: the worker calls it under its ``_slots`` lock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .lease import Held
+
+# Why a lane's later messages go back to the queue (the ``returned`` event's reason).
+HANDED_BACK_BEHIND = "an earlier message of its group comes back first"
+
+
+class Line:
+    """A standard queue: first come, first taken, no order kept between messages."""
+
+    def __init__(self) -> None:
+        self._waiting: deque[Held] = deque()
+
+    def add(self, held: Iterable[Held]) -> None:
+        self._waiting.extend(held)
+
+    def take(self) -> Held | None:
+        return self._waiting.popleft() if self._waiting else None
+
+    def finish(self, held: Held, settled: bool) -> list[Held]:
+        return []
+
+    def drain(self) -> list[Held]:
+        waiting = list(self._waiting)
+        self._waiting.clear()
+        return waiting
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+
+class Lanes:
+    """A FIFO queue: one lane per message group, each run one message at a time, in order."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[str, deque[Held]] = {}  # group -> its waiting messages, in order
+        self._ready: deque[str] = deque()  # groups with waiting messages and none running
+        self._running: set[str] = set()
+        self._count = 0
+
+    def add(self, held: Iterable[Held]) -> None:
+        for h in held:
+            group = _group(h)
+            self._lanes.setdefault(group, deque()).append(h)
+            if group not in self._running and group not in self._ready:
+                self._ready.append(group)
+            self._count += 1
+
+    def take(self) -> Held | None:
+        """The head of the next lane with nothing running, or None."""
+        if not self._ready:
+            return None
+        group = self._ready.popleft()
+        lane = self._lanes[group]
+        held = lane.popleft()
+        if not lane:
+            del self._lanes[group]
+        self._running.add(group)
+        self._count -= 1
+        return held
+
+    def finish(self, held: Held, settled: bool) -> list[Held]:
+        """The lane's message is done: deleted or moved (``settled``), or coming back.
+
+        Returns the lane's later messages when it is coming back: they must not run
+        before it, so the caller returns them to the queue.
+        """
+        group = _group(held)
+        self._running.discard(group)
+        lane = self._lanes.get(group)
+        if not lane:
+            return []
+        if settled:
+            self._ready.append(group)
+            return []
+        del self._lanes[group]
+        self._count -= len(lane)
+        return list(lane)
+
+    def waiting(self, held: Held) -> int:
+        """How many later messages of ``held``'s group wait in its lane."""
+        return len(self._lanes.get(_group(held), ()))
+
+    def drain(self) -> list[Held]:
+        waiting = [h for lane in self._lanes.values() for h in lane]
+        self._lanes.clear()
+        self._ready.clear()
+        self._count = 0
+        return waiting
+
+    def __len__(self) -> int:
+        return self._count
+
+
+def _group(held: Held) -> str:
+    return held.message.group_id or ""
