@@ -41,6 +41,17 @@ def send(memory: MemorySQS, group: str, *bodies: str) -> None:
     )
 
 
+def advance_until(clock: FakeClock, predicate: Any, what: str) -> None:
+    """Move fake time a second at a time: an empty receive (every group held back by
+    one of its messages in flight) pauses the receive loop for a second of it."""
+    for _ in range(200):
+        if predicate():
+            return
+        clock.advance(1)
+        threading.Event().wait(0.002)
+    wait_until(predicate, timeout=2, what=what)
+
+
 def stop(worker: Worker) -> None:
     worker.request_stop()
     worker.shutdown()
@@ -71,7 +82,7 @@ def test_a_group_runs_in_order_while_groups_run_side_by_side(
     send(memory, "a", *[str(i) for i in range(1, 8)])
     send(memory, "b", *[str(i) for i in range(1, 8)])
     worker.start()
-    wait_until(lambda: tally.counts["deleted"] == 14, what="all 14 deleted")
+    advance_until(clock, lambda: tally.counts["deleted"] == 14, what="all 14 deleted")
     assert done == {"a": [str(i) for i in range(1, 8)], "b": [str(i) for i in range(1, 8)]}
     assert "a,b" in overlaps
     stop(worker)
@@ -91,15 +102,11 @@ def test_a_failure_hands_back_its_groups_later_messages_so_the_retry_comes_first
     send(memory, "g", "1", "2", "3")
     send(memory, "h", "1", "2")
     worker.start()
+    # One receive brought both groups: h needs no time to pass, and g1's backoff has not.
     wait_until(lambda: tally.counts["deleted"] == 2, what="group h to finish")
     assert runs.count("g1") == 1 and "g2" not in runs  # g waits for its retry
     assert tally.counts["returned"] == 3  # g1 after backoff; g2 and g3 handed back
-    for _ in range(100):  # the backoff (at most 2 s), in fake time
-        if tally.counts["deleted"] == 5:
-            break
-        clock.advance(0.5)
-        threading.Event().wait(0.002)
-    wait_until(lambda: tally.counts["deleted"] == 5, what="group g to finish")
+    advance_until(clock, lambda: tally.counts["deleted"] == 5, what="group g to finish")
     g_runs = [r for r in runs if r.startswith("g")]
     assert g_runs == ["g1", "g1", "g2", "g3"]
     stop(worker)
