@@ -6,10 +6,10 @@ the order SQS delivered them, and different lanes run side by side. SQS returns
 a group's messages in order within a receive, and delivers none of a group while
 one is in flight (held here), so arrival order is the group's order. (It is also
 SequenceNumber order on SQS; moto's sequence numbers are random, so they are not
-used.) When a message of a
-lane fails, the lane's later messages must not overtake its retry: ``finish``
-hands them back to the caller, who returns them to the queue. SQS then holds the
-whole group back until the failed message is received again.
+used.) When a message of a lane fails, the lane's later messages must not
+overtake its retry: ``finish`` hands them back to the caller, who returns them to
+the queue. SQS then holds the whole group back until the failed message is
+received again.
 
 Not thread-safe by itself: the worker calls it under its ``_slots`` lock.
 """
@@ -47,9 +47,6 @@ class Line:
         self._waiting.clear()
         return waiting
 
-    def __len__(self) -> int:
-        return len(self._waiting)
-
 
 class Lanes:
     """A FIFO queue: one lane per message group, each run one message at a time, in order."""
@@ -58,7 +55,6 @@ class Lanes:
         self._lanes: dict[str, deque[Held]] = {}  # group -> its waiting messages, in order
         self._ready: deque[str] = deque()  # groups with waiting messages and none running
         self._running: set[str] = set()
-        self._count = 0
 
     def add(self, held: Iterable[Held]) -> None:
         for h in held:
@@ -66,7 +62,6 @@ class Lanes:
             self._lanes.setdefault(group, deque()).append(h)
             if group not in self._running and group not in self._ready:
                 self._ready.append(group)
-            self._count += 1
 
     def take(self) -> Held | None:
         """The head of the next lane with nothing running, or None."""
@@ -78,7 +73,6 @@ class Lanes:
         if not lane:
             del self._lanes[group]
         self._running.add(group)
-        self._count -= 1
         return held
 
     def finish(self, held: Held, settled: bool) -> list[Held]:
@@ -96,7 +90,6 @@ class Lanes:
             self._ready.append(group)
             return []
         del self._lanes[group]
-        self._count -= len(lane)
         return list(lane)
 
     def waiting(self, held: Held) -> int:
@@ -107,11 +100,7 @@ class Lanes:
         waiting = [h for lane in self._lanes.values() for h in lane]
         self._lanes.clear()
         self._ready.clear()
-        self._count = 0
         return waiting
-
-    def __len__(self) -> int:
-        return self._count
 
 
 def _group(held: Held) -> str:
