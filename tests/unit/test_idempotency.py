@@ -286,43 +286,40 @@ def payments(path: Path) -> list[str]:
         db.close()
 
 
-def test_a_transactional_effect_is_not_repeated_after_a_failure_before_the_delete(
-    memory: MemorySQS, clock: FakeClock, database: Path
+@pytest.mark.parametrize(
+    ("fails", "after_the_failure", "suppressed"),
+    [
+        # dies after the commit, before the delete: the retry finds the key completed
+        ("after the block", ["pay 10"], 1),
+        # fails inside the block: both roll back, the claim is released, the retry runs
+        ("inside the block", [], 0),
+    ],
+)
+def test_a_transactional_effect_happens_once_whenever_the_handler_fails(
+    memory: MemorySQS,
+    clock: FakeClock,
+    database: Path,
+    fails: str,
+    after_the_failure: list[str],
+    suppressed: int,
 ) -> None:
     def pay(message: Message) -> None:
+        first = message.receive_count == 1
         with message.transaction() as db:
             db.execute("INSERT INTO payments VALUES (?)", (message.body,))
-        if message.receive_count == 1:
-            raise RuntimeError("dies after the commit, before the delete")
+            if first and fails == "inside the block":
+                raise RuntimeError(fails)
+        if first:
+            raise RuntimeError(fails)
 
-    store = open_store(f"sqlite:///{database}")
-    rig = Rig(memory, clock, pay, store=store)
+    rig = Rig(memory, clock, pay, store=open_store(f"sqlite:///{database}"))
     rig.send("pay 10")
     rig.worker.start()
     rig.wait_for("returned", 1)
+    assert payments(database) == after_the_failure
     rig.advance_until(lambda: rig.count("deleted") == 1)
     assert payments(database) == ["pay 10"]
-    assert rig.count("duplicates_suppressed") == 1
-    rig.stop()
-
-
-def test_an_exception_inside_the_transaction_rolls_back_the_effect(
-    memory: MemorySQS, clock: FakeClock, database: Path
-) -> None:
-    def pay(message: Message) -> None:
-        with message.transaction() as db:
-            db.execute("INSERT INTO payments VALUES (?)", (message.body,))
-            if message.receive_count == 1:
-                raise RuntimeError("fails inside the transaction")
-
-    store = open_store(f"sqlite:///{database}")
-    rig = Rig(memory, clock, pay, store=store)
-    rig.send("pay 10")
-    rig.worker.start()
-    rig.wait_for("returned", 1)
-    assert payments(database) == []
-    rig.advance_until(lambda: rig.count("deleted") == 1)
-    assert payments(database) == ["pay 10"]  # the retry ran: the claim had been released
+    assert rig.count("duplicates_suppressed") == suppressed
     rig.stop()
 
 
