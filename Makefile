@@ -20,8 +20,8 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check sqsworker tests examples bench
-	$(BIN)/ruff format --check sqsworker tests examples bench
+	$(BIN)/ruff check sqsworker spark_sink tests examples bench
+	$(BIN)/ruff format --check sqsworker spark_sink tests examples bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

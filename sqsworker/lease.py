@@ -154,6 +154,21 @@ class LeaseKeeper:
         """
         self._queue(held, _Op(held, "delete", urgent=urgent), allow_lost=True)
 
+    def delete_now(self, held: Sequence[Held], timeout: float) -> int:
+        """Delete ``held`` at once and wait until SQS answered for each, at most ``timeout``.
+
+        Returns how many deletes are still unanswered (queued, being retried).
+        """
+        for h in held:
+            self.succeed(h, urgent=True)
+        deadline = self.clock.monotonic() + timeout
+        with self._wake:
+            while self.clock.monotonic() < deadline and any(
+                h.state is State.SETTLING for h in held
+            ):
+                self.clock.wait(self._wake, deadline)
+            return sum(h.state is State.SETTLING for h in held)
+
     def release(self, held: Held, seconds: float, reason: str, urgent: bool = False) -> None:
         """Return the message to the queue, visible again after ``seconds``."""
         self._queue(held, _Op(held, "return", math.ceil(seconds), reason, urgent=urgent))

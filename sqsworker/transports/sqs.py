@@ -123,24 +123,16 @@ class SQSTransport:
         attempts: int = 4,
     ) -> SQSTransport:
         """Open ``queue`` (name, URL or ARN); fail with one clear sentence if it cannot work."""
-        config = Config(
-            retries={"max_attempts": 1, "mode": "standard"},  # retried here, each one counted
-            connect_timeout=5,
-            read_timeout=MAX_WAIT_TIME + 10,  # longer than the longest long poll
-            max_pool_connections=max_connections,
-        )
-        try:
-            client = boto3.session.Session().client(
-                "sqs", endpoint_url=endpoint_url, region_name=region, config=config
-            )
-        except NoRegionError:
-            raise StartupError(
-                "no AWS region was set: set AWS_REGION (or AWS_DEFAULT_REGION) or pass --region"
-            ) from None
-        except ValueError as exc:  # botocore's words for a malformed endpoint URL
-            raise StartupError(f"the endpoint URL {endpoint_url!r} is not usable: {exc}") from None
+        client = _client(endpoint_url, region, max_connections)
         probe = cls(client, _placeholder(queue), attempts=attempts)
         return probe._bind(queue, owns_client=True)
+
+    @classmethod
+    def reopen(
+        cls, info: QueueInfo, *, endpoint_url: str | None = None, region: str | None = None
+    ) -> SQSTransport:
+        """The queue ``info`` describes, without asking SQS again (a copy in another process)."""
+        return cls(_client(endpoint_url, region, 10), info)
 
     def _bind(self, queue: str, *, owns_client: bool) -> SQSTransport:
         where = f"{self.client.meta.endpoint_url} (region {self.client.meta.region_name})"
@@ -317,6 +309,25 @@ class SQSTransport:
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
+
+
+def _client(endpoint_url: str | None, region: str | None, max_connections: int) -> Any:
+    config = Config(
+        retries={"max_attempts": 1, "mode": "standard"},  # retried here, each one counted
+        connect_timeout=5,
+        read_timeout=MAX_WAIT_TIME + 10,  # longer than the longest long poll
+        max_pool_connections=max_connections,
+    )
+    try:
+        return boto3.session.Session().client(
+            "sqs", endpoint_url=endpoint_url, region_name=region, config=config
+        )
+    except NoRegionError:
+        raise StartupError(
+            "no AWS region was set: set AWS_REGION (or AWS_DEFAULT_REGION) or pass --region"
+        ) from None
+    except ValueError as exc:  # botocore's words for a malformed endpoint URL
+        raise StartupError(f"the endpoint URL {endpoint_url!r} is not usable: {exc}") from None
 
 
 def _placeholder(queue: str) -> QueueInfo:

@@ -1,0 +1,89 @@
+"""The options of ``format("sqs")``, checked once, with one sentence for each mistake."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sqsworker.config import MAX_VISIBILITY, MAX_WAIT_TIME
+
+
+class SQSOptionError(ValueError):
+    """An option of the sqs source or sink cannot work; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    queue: str
+    wal_path: str
+    region: str | None = None
+    endpoint_url: str | None = None
+    max_messages_per_batch: int = 1000
+    num_partitions: int = 2
+    visibility_timeout: int = 120
+    wait_time_seconds: int = 1
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        given = {k.lower(): v for k, v in options.items()}  # Spark's options ignore case
+        queue = _required(given, "queue", "the queue's name or URL", "orders")
+        wal_path = _required(
+            given,
+            "walPath",
+            "a folder on storage the driver and the executors share, one per query",
+            "/mnt/shared/orders-query/wal",
+        )
+        parsed = cls(
+            queue=queue,
+            wal_path=wal_path,
+            region=given.get("region") or None,
+            endpoint_url=given.get("endpointurl") or None,
+            max_messages_per_batch=_int(given, "maxMessagesPerBatch", 1000, 1, 1_000_000),
+            num_partitions=_int(given, "numPartitions", 2, 1, 1000),
+            visibility_timeout=_int(given, "visibilityTimeout", 120, 1, MAX_VISIBILITY),
+            wait_time_seconds=_int(given, "waitTimeSeconds", 1, 0, MAX_WAIT_TIME),
+        )
+        return parsed
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    queue: str
+    region: str | None = None
+    endpoint_url: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        given = {k.lower(): v for k, v in options.items()}
+        return cls(
+            queue=_required(given, "queue", "the queue's name or URL", "orders"),
+            region=given.get("region") or None,
+            endpoint_url=given.get("endpointurl") or None,
+        )
+
+
+def _required(given: Mapping[str, str], name: str, what: str, example: str) -> str:
+    value = (given.get(name.lower()) or "").strip()
+    if not value:
+        raise SQSOptionError(
+            f"the sqs option {name!r} is missing: give {what}, e.g. .option({name!r}, {example!r})"
+        )
+    return value
+
+
+def _int(given: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = given.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise SQSOptionError(
+            f"the sqs option {name!r} must be a whole number from {low} to {high}; got {raw!r}"
+        ) from None
+    if not low <= value <= high:
+        raise SQSOptionError(
+            f"the sqs option {name!r} must be from {low} to {high}; got {value}"
+            + (" (SQS's 12-hour limit)" if high == MAX_VISIBILITY else "")
+        )
+    return value

@@ -1,0 +1,143 @@
+"""``df.writeStream.format("sqs")``: each row a message, sent in batches, none dropped.
+
+Columns: ``body`` (required, a string); ``group_id`` (required on a FIFO queue);
+``deduplication_id`` (FIFO; made from the batch when absent); ``idempotency_key``
+(sent as the ``idempotency-key`` attribute, which sqsworker consumers use to
+drop duplicates); ``delay_seconds`` (standard queues). Other columns are ignored.
+
+Each ``SendMessageBatch`` carries at most 10 messages and at most the queue's
+``MaximumMessageSize`` in all. Entries SQS refuses for its own reasons are sent
+again (up to 5 tries); an entry refused for the sender's fault (too big, a bad
+attribute) fails the task with SQS's reason. On a FIFO queue a row without a
+``deduplication_id`` gets one derived from the query, the batch, the partition
+and the row's place in it, so a replayed batch is dropped by SQS within its
+5-minute deduplication window instead of being sent twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import TaskContext
+from pyspark.sql import Row
+from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from sqsworker.keys import KEY_ATTRIBUTE
+from sqsworker.transports import MAX_BATCH, OutgoingMessage, QueueInfo
+from sqsworker.transports.sqs import SQSTransport
+
+from .options import SinkOptions, SQSOptionError
+
+TRIES = 5
+
+
+@dataclass
+class Sent(WriterCommitMessage):
+    messages: int
+
+
+class SQSSendError(RuntimeError):
+    """SQS refused a row for a reason sending it again cannot fix."""
+
+
+class SQSStreamWriter(DataSourceStreamWriter):
+    def __init__(self, options: SinkOptions, info: QueueInfo, schema: StructType) -> None:
+        columns = set(schema.fieldNames())
+        if "body" not in columns:
+            raise SQSOptionError(
+                "the sqs sink needs a string column 'body': select or alias one, e.g. "
+                "df.selectExpr('to_json(struct(*)) AS body')"
+            )
+        if info.fifo and "group_id" not in columns:
+            raise SQSOptionError(
+                f"{info.name} is a FIFO queue: the sqs sink needs a column 'group_id' "
+                "with each row's MessageGroupId"
+            )
+        self.options = options
+        self.info = info
+
+    def write(self, iterator: Iterator[Row]) -> Sent:
+        context = TaskContext.get()
+        origin = "local"
+        if context is not None:
+            query = context.getLocalProperty("sql.streaming.queryId") or ""
+            batch = context.getLocalProperty("streaming.sql.batchId") or ""
+            origin = f"{query}/{batch}/{context.partitionId()}"
+        transport = SQSTransport.reopen(
+            self.info, endpoint_url=self.options.endpoint_url, region=self.options.region
+        )
+        sent = 0
+        try:
+            pending: list[OutgoingMessage] = []
+            size = 0
+            for index, record in enumerate(iterator):
+                message = self._message(record.asDict(), origin, index)
+                length = _size(message)
+                if pending and (
+                    len(pending) == MAX_BATCH or size + length > self.info.maximum_message_size
+                ):
+                    sent += _send(transport, pending)
+                    pending, size = [], 0
+                pending.append(message)
+                size += length
+            if pending:
+                sent += _send(transport, pending)
+        finally:
+            transport.close()
+        return Sent(sent)
+
+    def _message(self, values: dict[str, Any], origin: str, index: int) -> OutgoingMessage:
+        body = values.get("body")
+        if not isinstance(body, str):
+            raise SQSSendError(f"row {index} of {origin} has no string body (got {body!r})")
+        attributes: dict[str, dict[str, str]] = {}
+        key = values.get("idempotency_key")
+        if key is not None:
+            attributes[KEY_ATTRIBUTE] = {"DataType": "String", "StringValue": str(key)}
+        if not self.info.fifo:
+            return OutgoingMessage(
+                body, attributes, delay_seconds=int(values.get("delay_seconds") or 0)
+            )
+        group = values.get("group_id")
+        if not group:
+            raise SQSSendError(f"row {index} of {origin} has no group_id for FIFO queue")
+        dedup = (
+            values.get("deduplication_id")
+            or hashlib.sha256(f"{origin}/{index}".encode()).hexdigest()[:64]
+        )
+        return OutgoingMessage(body, attributes, group_id=str(group), deduplication_id=str(dedup))
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # every message was sent by its task; there is nothing to publish
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # sent messages cannot be unsent: the replay's deduplication ids cover FIFO
+
+
+def _size(message: OutgoingMessage) -> int:
+    attributes = sum(
+        len(name) + len(str(v.get("DataType", ""))) + len(str(v.get("StringValue", "")))
+        for name, v in message.message_attributes.items()
+    )
+    return len(message.body.encode()) + attributes
+
+
+def _send(transport: SQSTransport, batch: list[OutgoingMessage]) -> int:
+    """Send ``batch``; entries refused by SQS's own fault are tried again."""
+    total = len(batch)
+    for attempt in range(TRIES):
+        result = transport.send_batch(batch)
+        if not result.failed:
+            return total
+        refused = [f for f in result.failed if f.sender_fault]
+        if refused:
+            first = refused[0]
+            raise SQSSendError(f"SQS refused a message of the batch: {first.code}: {first.message}")
+        batch = [batch[int(f.id)] for f in result.failed]
+        time.sleep(min(2.0, 0.1 * 2**attempt))
+    raise SQSSendError(f"{len(batch)} messages were still refused after {TRIES} tries")

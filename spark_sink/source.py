@@ -1,0 +1,320 @@
+"""``spark.readStream.format("sqs")``: SQS messages in micro-batches, none lost.
+
+How one batch goes (offsets are ``{"seq": n}``, n the batch's slot in the log):
+
+1. Driver, ``latestOffset``: when the queue shows visible messages, the next
+   batch is the next slot. Every batch up to the start offset is committed
+   first (Spark asks only after that batch is in its commit log).
+2. Executors, ``read``: each partition receives up to its share of
+   ``maxMessagesPerBatch``, writes what it received to the write-ahead log
+   (``wal.py``), and only then returns rows. A replayed partition returns the
+   log's rows and receives nothing.
+3. Driver, all along: a watcher thread finds new log files and hands their
+   messages to a ``LeaseKeeper`` (the worker's lease thread), which keeps each
+   one invisible, in batched ``ChangeMessageVisibilityBatch`` calls, within the
+   12-hour cap, logging any lease it loses.
+4. Driver, ``commit`` (or the next ``latestOffset``): the batch's messages are
+   deleted with ``DeleteMessageBatch`` (per-entry failures retried, lost
+   handles logged) and its log folder removed.
+
+A failure anywhere before 4 leaves the messages in the queue (or in the log,
+for a replay): delivery is at least once. ``write_once`` (``output.py``) makes
+the output exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.types import (
+    IntegerType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from sqsworker.clock import SystemClock
+from sqsworker.errors import SQSWorkerError
+from sqsworker.lease import Held, LeaseKeeper
+from sqsworker.logs import LogObserver
+from sqsworker.transports import MAX_BATCH, Envelope, QueueInfo
+from sqsworker.transports.sqs import SQSTransport
+
+from .options import SinkOptions, SourceOptions, SQSOptionError
+from .wal import Slot, WriteAheadLog
+
+SCHEMA = StructType(
+    [
+        StructField("message_id", StringType(), False),
+        StructField("body", StringType(), False),
+        StructField("attributes", MapType(StringType(), StringType()), False),
+        StructField("message_attributes", MapType(StringType(), StringType()), False),
+        StructField("receive_count", IntegerType(), False),
+        StructField("sent_timestamp", TimestampType(), True),
+        StructField("group_id", StringType(), True),
+        StructField("sequence_number", StringType(), True),
+        StructField("deduplication_id", StringType(), True),
+    ]
+)
+WATCH_EVERY = 0.5  # seconds between the driver's looks for new log files
+IDLE_WAIT = 1.0  # seconds latestOffset waits when the queue shows nothing (no busy polling)
+DELETE_TIMEOUT = 60.0  # seconds a commit waits for SQS to answer its deletes
+RECEIVE_SHARE = 3  # receiving stops after 1/3 of the visibility timeout
+log = structlog.get_logger("spark_sink")
+
+
+class SQSDataSource(DataSource):
+    """Register with ``spark.dataSource.register(SQSDataSource)``; then ``format("sqs")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sqs"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        options = SourceOptions.parse(self.options)
+        info = _open(options.queue, options.endpoint_url, options.region).info
+        return SQSStreamReader(options, info)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from .sink import SQSStreamWriter
+
+        options = SinkOptions.parse(self.options)
+        info = _open(options.queue, options.endpoint_url, options.region).info
+        return SQSStreamWriter(options, info, schema)
+
+
+def _open(queue: str, endpoint_url: str | None, region: str | None) -> SQSTransport:
+    try:
+        return SQSTransport.connect(queue, endpoint_url=endpoint_url, region=region)
+    except SQSWorkerError as exc:  # one sentence: the queue, the region, the endpoint
+        raise SQSOptionError(str(exc)) from None
+
+
+class SQSPartition(InputPartition):
+    """What one task needs to receive (or replay) its share of one batch."""
+
+    def __init__(
+        self, seq: int, index: int, budget: int, options: SourceOptions, info: QueueInfo
+    ) -> None:
+        super().__init__((seq, index))
+        self.seq = seq
+        self.index = index
+        self.budget = budget
+        self.options = options
+        self.info = info
+
+
+class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions, info: QueueInfo) -> None:
+        # Pickled to the executors: threads, locks and clients are made on first use.
+        self.options = options
+        self.info = info
+        self.available_now = False
+        self._driver: _Driver | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_driver": None}
+
+    def driver(self) -> _Driver:
+        if self._driver is None:
+            self._driver = _Driver(self.options, self.info)
+        return self._driver
+
+    # -- on the driver -------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"seq": 0}
+
+    def latestOffset(
+        self, start: dict[str, int] | None = None, limit: Any = None
+    ) -> dict[str, int]:
+        driver = self.driver()
+        if start is None:  # Spark before 4.2 passes no start: continue from the last plan
+            start = {"seq": driver.planned}
+        driver.commit_through(start["seq"])  # asked only once that batch is in the commit log
+        if driver.visible() > 0:
+            return {"seq": start["seq"] + 1}
+        if not self.available_now:
+            time.sleep(IDLE_WAIT)  # Spark asks again at once: do not poll SQS in a loop
+        return start
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # SQS has no offset to stop at: the query ends at the first look that finds
+        # no visible message.
+        self.available_now = True
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[SQSPartition]:
+        self.driver().planned = max(self.driver().planned, end["seq"])
+        shares = [
+            self.options.max_messages_per_batch // self.options.num_partitions
+            + (1 if i < self.options.max_messages_per_batch % self.options.num_partitions else 0)
+            for i in range(self.options.num_partitions)
+        ]
+        return [
+            SQSPartition(seq, index, share, self.options, self.info)
+            for seq in range(start["seq"] + 1, end["seq"] + 1)
+            for index, share in enumerate(shares)
+            if share > 0
+        ]
+
+    def commit(self, end: dict[str, int]) -> None:
+        self.driver().commit_through(end["seq"])
+
+    def stop(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+
+    # -- on the executors ------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, SQSPartition)
+        slot = receive_or_replay(partition)
+        return (row(envelope) for envelope in slot.messages)
+
+
+def receive_or_replay(partition: SQSPartition) -> Slot:
+    """The partition's messages: from the log when it was read before, else from SQS."""
+    options = partition.options
+    wal = WriteAheadLog(options.wal_path)
+    logged = wal.read(partition.seq, partition.index)
+    if logged is not None:
+        return logged
+    transport = SQSTransport.reopen(
+        partition.info, endpoint_url=options.endpoint_url, region=options.region
+    )
+    try:
+        received: list[Envelope] = []
+        wait = options.wait_time_seconds
+        # The driver keeps leases alive only once the log has them: stop receiving well
+        # before the first message's visibility could lapse.
+        deadline = time.monotonic() + wait + options.visibility_timeout / RECEIVE_SHARE
+        while len(received) < partition.budget and time.monotonic() < deadline:
+            got = transport.receive(
+                min(MAX_BATCH, partition.budget - len(received)), wait, options.visibility_timeout
+            )
+            if not got:
+                break
+            received += got
+            wait = 0  # long-poll for the first messages only
+        ours = Slot(partition.seq, partition.index, time.time(), tuple(received))
+        recorded = wal.write(ours)
+        if recorded is not ours and received:  # another attempt recorded this slot first
+            for start in range(0, len(received), MAX_BATCH):
+                chunk = received[start : start + MAX_BATCH]
+                transport.change_visibility_batch(
+                    [(str(i), e.receipt_handle, 0) for i, e in enumerate(chunk)]
+                )
+        return recorded
+    finally:
+        transport.close()
+
+
+def row(envelope: Envelope) -> tuple[Any, ...]:
+    attributes = dict(envelope.attributes)
+    sent = attributes.get("SentTimestamp")
+    user: dict[str, str] = {}
+    for name, value in envelope.message_attributes.items():
+        text = value.get("StringValue")
+        if text is None and "BinaryValue" in value:
+            raw = value["BinaryValue"]
+            import base64
+
+            text = base64.b64encode(raw).decode() if isinstance(raw, bytes) else str(raw)
+        user[name] = str(text)
+    return (
+        envelope.message_id,
+        envelope.body,
+        attributes,
+        user,
+        envelope.receive_count,
+        datetime.fromtimestamp(int(sent) / 1000, tz=UTC) if sent else None,
+        attributes.get("MessageGroupId"),
+        attributes.get("SequenceNumber"),
+        attributes.get("MessageDeduplicationId"),
+    )
+
+
+class _Driver:
+    """The driver's side: leases of uncommitted batches, and their deletes."""
+
+    def __init__(self, options: SourceOptions, info: QueueInfo) -> None:
+        self.options = options
+        self.transport = SQSTransport.reopen(
+            info, endpoint_url=options.endpoint_url, region=options.region
+        )
+        self.clock = SystemClock()
+        self.keeper = LeaseKeeper(self.transport, self.clock, LogObserver("spark_sink"))
+        self.keeper.start()
+        self.wal = WriteAheadLog(options.wal_path)
+        self.planned = 0
+        # guards _held, _seen and _committed across a whole adopt or commit, so a slot is
+        # never adopted into a batch that a commit already took
+        self._lock = threading.RLock()
+        self._held: dict[int, list[Held]] = {}  # seq -> its messages, leases kept
+        self._seen: set[tuple[int, int]] = set()  # (seq, partition) slots handed to the keeper
+        self._committed = 0
+        self._closing = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="spark-sink-wal", daemon=True)
+        self._watcher.start()
+
+    def visible(self) -> int:
+        return self.transport.counts().visible
+
+    def _watch(self) -> None:
+        while not self._closing.wait(WATCH_EVERY):
+            self.adopt()
+
+    def adopt(self) -> None:
+        """Keep alive the leases of every logged slot not yet known."""
+        with self._lock:
+            for slot in self.wal.slots():
+                if (slot.seq, slot.partition) in self._seen or slot.seq <= self._committed:
+                    continue
+                self._seen.add((slot.seq, slot.partition))
+                # The keeper counts on its monotonic clock; the log says when, on the wall's.
+                received_at = self.clock.monotonic() - (self.clock.time() - slot.received_at)
+                held = self.keeper.add(slot.messages, received_at, self.options.visibility_timeout)
+                self._held.setdefault(slot.seq, []).extend(held)
+
+    def commit_through(self, seq: int) -> None:
+        """Delete every message of every batch up to ``seq``; forget their log."""
+        with self._lock:
+            if seq <= self._committed:
+                return
+            self.adopt()  # a slot written since the last look is committed too
+            batches = [self._held.pop(s) for s in list(self._held) if s <= seq]
+            self._seen = {key for key in self._seen if key[0] > seq}
+            self._committed = seq
+            self.wal.drop_through(seq)
+        # Deleted before returning: when the query ends here, this process ends with it.
+        unsent = self.keeper.delete_now([h for held in batches for h in held], DELETE_TIMEOUT)
+        if unsent:
+            log.warning(
+                "deletes of committed messages still unanswered; they may be delivered again",
+                count=unsent,
+                batch=seq,
+            )
+
+    def close(self) -> None:
+        self._closing.set()
+        self._watcher.join()
+        self.keeper.stop(give_up_after=10)
+        self.transport.close()

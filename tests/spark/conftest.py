@@ -1,0 +1,76 @@
+"""A real local SparkSession (local[2]) and moto's server, shared by the Spark tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sqsworker.local import LocalSQS
+from sqsworker.transports import Transport
+from sqsworker.transports.sqs import SQSTransport
+
+from ..conftest import unique
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import SparkSession
+
+from spark_sink import SQSDataSource
+
+
+@pytest.fixture(scope="session")
+def spark(local_sqs: LocalSQS) -> Iterator[SparkSession]:
+    """One session for every Spark test: it takes seconds to start.
+
+    The JVM, and the Python workers it starts, keep the environment it was started
+    with: moto's endpoint and credentials, as a deployment would have its own.
+    """
+    saved = dict(os.environ)
+    os.environ.update(local_sqs.env())
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # or workers may run another Python
+    try:
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("spark_sink tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(SQSDataSource)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def aws(local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch) -> LocalSQS:
+    """This process's own boto3 clients point at moto too."""
+    for key, value in local_sqs.env().items():
+        monkeypatch.setenv(key, value)
+    return local_sqs
+
+
+def make_queue(server: LocalSQS, name: str, **attributes: str) -> Transport:
+    queue = unique(name.removesuffix(".fifo")) + (".fifo" if name.endswith(".fifo") else "")
+    server.create_queue(queue, max_receive_count=None, **attributes)
+    return SQSTransport.connect(queue, endpoint_url=server.endpoint_url, region="us-east-1")
+
+
+def drain(queue: Transport) -> list[str]:
+    """Receive and delete everything visible; the bodies, in order of receipt."""
+    bodies = []
+    while batch := queue.receive(10, 0, 30):
+        bodies += [m.body for m in batch]
+        queue.delete_batch([(str(i), m.receipt_handle) for i, m in enumerate(batch)])
+    return bodies
+
+
+def files(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())

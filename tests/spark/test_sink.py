@@ -1,0 +1,94 @@
+"""``df.writeStream.format("sqs")``: rows to messages, on moto's server."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from pyspark.sql import Row, SparkSession
+
+from spark_sink import SQSOptionError
+from spark_sink.options import SinkOptions
+from spark_sink.sink import SQSStreamWriter
+from sqsworker.local import LocalSQS
+from sqsworker.transports import Transport
+
+from .conftest import drain, make_queue
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "body string, group_id string, idempotency_key string"
+
+
+def write_rows(
+    spark: SparkSession, queue: Transport, rows: list[dict[str, str]], tmp: Path
+) -> None:
+    """Stream ``rows`` (from JSON files) into ``queue`` through the sqs sink."""
+    source = tmp / "rows"
+    source.mkdir()
+    (source / "rows.json").write_text("\n".join(json.dumps(r) for r in rows))
+    query = (
+        spark.readStream.schema(SCHEMA)
+        .json(str(source))
+        .writeStream.format("sqs")
+        .option("queue", queue.info.url)
+        .option("checkpointLocation", str(tmp / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+
+
+def test_rows_become_messages_with_their_idempotency_keys(
+    spark: SparkSession, aws: LocalSQS, tmp_path: Path
+) -> None:
+    queue = make_queue(aws, "invoices")
+    rows = [{"body": f"invoice {i}", "idempotency_key": f"inv-{i}"} for i in range(25)]
+    write_rows(spark, queue, rows, tmp_path)
+    received = []
+    while batch := queue.receive(10, 0, 30):
+        received += batch
+        queue.delete_batch([(str(i), m.receipt_handle) for i, m in enumerate(batch)])
+    assert sorted(m.body for m in received) == sorted(r["body"] for r in rows)
+    keys = {m.body: m.message_attributes["idempotency-key"]["StringValue"] for m in received}
+    assert keys == {r["body"]: r["idempotency_key"] for r in rows}
+
+
+def test_a_fifo_queue_gets_each_group_in_order(
+    spark: SparkSession, aws: LocalSQS, tmp_path: Path
+) -> None:
+    queue = make_queue(aws, "invoices.fifo")
+    rows = [{"body": f"g{i % 3}-{i}", "group_id": f"g{i % 3}"} for i in range(30)]
+    write_rows(spark, queue, rows, tmp_path)
+    by_group: dict[str, list[str]] = defaultdict(list)
+    for body in drain(queue):
+        by_group[body.split("-")[0]].append(body)
+    assert by_group == {
+        f"g{g}": [r["body"] for r in rows if r["group_id"] == f"g{g}"] for g in range(3)
+    }
+
+
+def test_a_replayed_fifo_batch_is_not_sent_twice(aws: LocalSQS) -> None:
+    queue = make_queue(aws, "replay.fifo")
+    writer = SQSStreamWriter(SinkOptions(queue.info.url), queue.info, _schema("body", "group_id"))
+    rows = [Row(body=f"m{i}", group_id="g") for i in range(12)]
+    assert writer.write(iter(rows)).messages == 12
+    assert writer.write(iter(rows)).messages == 12  # the same task again, as on a replay
+    assert drain(queue) == [f"m{i}" for i in range(12)]  # SQS dropped the second sending
+
+
+def test_a_sink_without_what_it_needs_says_so(aws: LocalSQS) -> None:
+    fifo = make_queue(aws, "orders.fifo")
+    with pytest.raises(SQSOptionError, match="needs a string column 'body'"):
+        SQSStreamWriter(SinkOptions(fifo.info.url), fifo.info, _schema("text"))
+    with pytest.raises(SQSOptionError, match="needs a column 'group_id'"):
+        SQSStreamWriter(SinkOptions(fifo.info.url), fifo.info, _schema("body"))
+
+
+def _schema(*names: str):  # type: ignore[no-untyped-def]
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    return StructType([StructField(n, StringType()) for n in names])
