@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from bench.spark import source_throughput
 from sqsworker import Message, Worker, WorkerConfig
 from sqsworker.events import Observer, Observers, Tally
 from sqsworker.local import LocalSQS
@@ -252,7 +253,12 @@ def main() -> None:
     parser.add_argument("--idempotency-messages", type=int, default=2000)
     parser.add_argument("--idempotency-rounds", type=int, default=5)
     parser.add_argument("--fifo-per-group", type=int, default=40)
+    parser.add_argument("--spark-messages", type=int, default=400)
+    parser.add_argument("--spark-rounds", type=int, default=2)
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark source runs")
     args = parser.parse_args()
+
+    spark_runs = [] if args.no_spark else source_throughput(args.spark_messages, args.spark_rounds)
 
     off, on = metrics_cost(args.metrics_messages, args.metrics_rounds)
     no_store, sqlite = idempotency_cost(args.idempotency_messages, args.idempotency_rounds)
@@ -312,6 +318,18 @@ def main() -> None:
         no_store,
         sqlite,
     )
+    if spark_runs:
+        print(
+            f"\nspark_sink source (moto server, local[2], {args.spark_messages} msgs, "
+            "maxMessagesPerBatch 200, runs alternating):"
+        )
+        print(f"  {'numPartitions':>13}{'msg/s':>9}{'batches':>9}{'req/msg':>9}  requests")
+        for run in spark_runs:
+            requests = ", ".join(f"{k} {v}" for k, v in sorted(run.requests.items()))
+            print(
+                f"  {run.partitions:>13}{run.rate:>9.1f}{run.batches:>9}"
+                f"{run.requests_per_message:>9.3f}  {requests}"
+            )
     print(f"\npeak RSS of the benchmark process: {peak_mb:.0f} MB")
     print(
         "req/msg busy: receives that returned messages + deletes + renewals, per message "

@@ -1,0 +1,75 @@
+"""The write-ahead log and the options: no Spark needed."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from spark_sink.options import SourceOptions, SQSOptionError
+from spark_sink.wal import Slot, WriteAheadLog
+from sqsworker.transports import Envelope
+
+
+def slot(seq: int, partition: int, *ids: str) -> Slot:
+    messages = tuple(
+        Envelope(i, f"handle-{i}", f"body {i}", {"ApproximateReceiveCount": "1"}) for i in ids
+    )
+    return Slot(seq, partition, 1_700_000_000.0, messages)
+
+
+def test_a_slot_is_recorded_once_and_read_back_whole(tmp_path: Path) -> None:
+    wal = WriteAheadLog(str(tmp_path))
+    first = slot(1, 0, "a", "b")
+    assert wal.write(first) is first
+    assert wal.write(slot(1, 0, "c")) == first  # the place is taken: the winner comes back
+    assert wal.read(1, 0) == first
+    assert wal.read(1, 1) is None
+    assert [p.name for p in (tmp_path / "000000000001").iterdir()] == ["part-00000.json"]
+
+
+def test_racing_writers_of_one_slot_have_one_winner(tmp_path: Path) -> None:
+    wal = WriteAheadLog(str(tmp_path))
+    start = threading.Barrier(8)
+    recorded: list[Slot] = []
+
+    def write(n: int) -> None:
+        start.wait()
+        recorded.append(wal.write(slot(3, 0, f"m{n}")))
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({tuple(m.message_id for m in s.messages) for s in recorded}) == 1  # one winner
+
+
+def test_committed_batches_are_forgotten(tmp_path: Path) -> None:
+    wal = WriteAheadLog(str(tmp_path))
+    for seq in (1, 2, 3):
+        wal.write(slot(seq, 0, f"m{seq}"))
+    wal.drop_through(2)
+    assert [(s.seq, s.partition) for s in wal.slots()] == [(3, 0)]
+
+
+@pytest.mark.parametrize(
+    ("options", "sentence"),
+    [
+        ({"walPath": "/w"}, "the sqs option 'queue' is missing"),
+        (
+            {"queue": "q", "walPath": "/w", "numPartitions": "0"},
+            "'numPartitions' must be from 1 to 1000; got 0",
+        ),
+        ({"queue": "q", "walPath": "/w", "waitTimeSeconds": "x"}, "must be a whole number"),
+    ],
+)
+def test_options_name_what_is_wrong(options: dict[str, str], sentence: str) -> None:
+    with pytest.raises(SQSOptionError, match=sentence.replace("(", r"\(")):
+        SourceOptions.parse(options)
+
+
+def test_options_ignore_case_as_spark_does() -> None:
+    parsed = SourceOptions.parse({"QUEUE": "q", "walpath": "/w", "NUMPARTITIONS": "3"})
+    assert (parsed.queue, parsed.wal_path, parsed.num_partitions) == ("q", "/w", 3)
