@@ -24,6 +24,7 @@ the output exactly once.
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -89,22 +90,25 @@ class SQSDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = SourceOptions.parse(self.options)
-        info = _open(options.queue, options.endpoint_url, options.region).info
+        info = _queue_info(options.queue, options.endpoint_url, options.region)
         return SQSStreamReader(options, info)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .sink import SQSStreamWriter
 
         options = SinkOptions.parse(self.options)
-        info = _open(options.queue, options.endpoint_url, options.region).info
+        info = _queue_info(options.queue, options.endpoint_url, options.region)
         return SQSStreamWriter(options, info, schema)
 
 
-def _open(queue: str, endpoint_url: str | None, region: str | None) -> SQSTransport:
+def _queue_info(queue: str, endpoint_url: str | None, region: str | None) -> QueueInfo:
+    """The queue's URL and attributes, checked once on the driver for every task to use."""
     try:
-        return SQSTransport.connect(queue, endpoint_url=endpoint_url, region=region)
+        transport = SQSTransport.connect(queue, endpoint_url=endpoint_url, region=region)
     except SQSWorkerError as exc:  # one sentence: the queue, the region, the endpoint
         raise SQSOptionError(str(exc)) from None
+    transport.close()
+    return transport.info
 
 
 class SQSPartition(InputPartition):
@@ -235,8 +239,6 @@ def row(envelope: Envelope) -> tuple[Any, ...]:
         text = value.get("StringValue")
         if text is None and "BinaryValue" in value:
             raw = value["BinaryValue"]
-            import base64
-
             text = base64.b64encode(raw).decode() if isinstance(raw, bytes) else str(raw)
         user[name] = str(text)
     return (
