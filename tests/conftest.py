@@ -52,3 +52,11 @@ def clock() -> FakeClock:
 @pytest.fixture
 def memory(clock: FakeClock) -> MemorySQS:
     return MemorySQS(clock)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        help="run the fault-injection scenarios longer, with more messages and more kills",
+    )

@@ -10,6 +10,7 @@ tenacity, and every botocore error leaves this module as an sqsworker error.
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 from tenacity import (
+    RetryCallState,
     Retrying,
     retry_if_exception,
     stop_after_attempt,
@@ -183,6 +185,7 @@ class SQSTransport:
             retry=retry_if_exception(lambda e: isinstance(e, TransportError) and e.retryable),
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
+            before_sleep=_log_retry,
             reraise=True,
         )
         for attempt in retrying:
@@ -311,9 +314,26 @@ class SQSTransport:
             self.client.close()
 
 
+_log = logging.getLogger("sqsworker.transport")
+
+
+def _log_retry(state: RetryCallState) -> None:
+    """One line per retried SQS call: throttling, 5xx and resets show in the logs."""
+    error = state.outcome.exception() if state.outcome else None
+    delay = state.next_action.sleep if state.next_action else 0.0
+    _log.warning(
+        "SQS request failed; retrying (attempt %d) in %.2f s: %s",
+        state.attempt_number,
+        delay,
+        error,
+    )
+
+
 def _client(endpoint_url: str | None, region: str | None, max_connections: int) -> Any:
     config = Config(
-        retries={"max_attempts": 1, "mode": "standard"},  # retried here, each one counted
+        # one HTTP attempt per call ("max_attempts" would not count the first): retried
+        # here instead, each attempt counted
+        retries={"total_max_attempts": 1, "mode": "standard"},
         connect_timeout=5,
         read_timeout=MAX_WAIT_TIME + 10,  # longer than the longest long poll
         max_pool_connections=max_connections,

@@ -1,0 +1,40 @@
+"""Fault-injection scenarios: what each one did is reported at the end of the run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sqsworker.local import LocalSQS
+
+from ..integration.conftest import local_env as local_env
+from ..integration.scenario import Scenario
+
+REPORTS: list[str] = []
+
+
+@pytest.fixture
+def report() -> Callable[[str], None]:
+    """Record one line about the scenario's outcome for the run's closing summary."""
+    return REPORTS.append
+
+
+@pytest.fixture
+def soak(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--soak"))
+
+
+@pytest.fixture
+def scenario(local_env: LocalSQS, tmp_path: Path) -> Iterator[Scenario]:
+    made = Scenario(local_env, tmp_path, visibility=5, max_receive_count=10)
+    yield made
+    made.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if REPORTS:
+        terminalreporter.section("fault injection: what each scenario did")
+        for line in REPORTS:
+            terminalreporter.write_line(line)

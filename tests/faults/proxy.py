@@ -1,0 +1,147 @@
+"""A small fault-injecting proxy between workers and moto's server.
+
+It forwards each HTTP request to the upstream endpoint and, as the test sets it,
+adds latency, stalls a share of requests, resets a share of connections (after
+the upstream acted, so the answer is lost, the hardest case), or answers a share
+with SQS's throttling (400 ThrottlingException) or 503 ServiceUnavailable
+instead of forwarding. Faults are drawn from a seeded random generator and
+counted, so a test can say what it injected.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+
+@dataclass
+class Faults:
+    latency: float = 0.0  # seconds added to every request
+    stall: float = 0.0  # share of requests held for stall_seconds before forwarding
+    stall_seconds: float = 3.0
+    reset: float = 0.0  # share of connections reset after the upstream answered
+    throttle: float = 0.0  # share answered 400 ThrottlingException, not forwarded
+    unavailable: float = 0.0  # share answered 503 ServiceUnavailable, not forwarded
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, seed: int = 1) -> None:
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.faults = Faults()
+        self.injected: Counter[str] = Counter()
+        self.forwarded = 0
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()  # guards faults, injected, forwarded and _random
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                proxy._handle(self)
+
+            do_GET = do_POST
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def set(self, **faults: float) -> None:
+        with self._lock:
+            self.faults = Faults(**faults)
+
+    def _draw(self) -> tuple[Faults, float]:
+        with self._lock:
+            return self.faults, self._random.random()
+
+    def _count(self, fault: str) -> None:
+        with self._lock:
+            self.injected[fault] += 1
+
+    def _handle(self, request: BaseHTTPRequestHandler) -> None:
+        length = int(request.headers.get("Content-Length", 0))
+        body = request.rfile.read(length) if length else b""
+        faults, draw = self._draw()
+        if faults.latency:
+            time.sleep(faults.latency)
+        fault = _pick(faults, draw)
+        if fault == "throttle":
+            self._count(fault)
+            return _answer(request, 400, "ThrottlingException", "Rate exceeded")
+        if fault == "unavailable":
+            self._count(fault)
+            return _answer(request, 503, "ServiceUnavailable", "Service is unavailable")
+        if fault == "stall":
+            self._count(fault)
+            time.sleep(faults.stall_seconds)
+        status, headers, answer = self._forward(request, body)
+        if fault == "reset":  # the upstream acted; its answer never arrives
+            self._count(fault)
+            linger = struct.pack("ii", 1, 0)
+            request.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            request.close_connection = True
+            request.connection.close()
+            return
+        request.send_response_only(status)
+        for name, value in headers:
+            if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                request.send_header(name, value)
+        request.send_header("Content-Length", str(len(answer)))
+        request.end_headers()
+        request.wfile.write(answer)
+
+    def _forward(
+        self, request: BaseHTTPRequestHandler, body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        connection = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            headers = {k: v for k, v in request.headers.items() if k.lower() != "connection"}
+            connection.request(request.command, request.path, body, headers)
+            response = connection.getresponse()
+            answer = response.read()
+            with self._lock:
+                self.forwarded += 1
+            return response.status, response.getheaders(), answer
+        finally:
+            connection.close()
+
+
+def _answer(request: BaseHTTPRequestHandler, status: int, code: str, text: str) -> None:
+    body = f'{{"__type": "com.amazonaws.sqs#{code}", "message": "{text}"}}'.encode()
+    request.send_response_only(status)
+    request.send_header("Content-Type", "application/x-amz-json-1.0")
+    request.send_header("Content-Length", str(len(body)))
+    request.end_headers()
+    request.wfile.write(body)
+
+
+def _pick(faults: Faults, draw: float) -> str:
+    """The fault a draw in [0, 1) lands on, each taking its share of the interval."""
+    edge = 0.0
+    for fault in ("throttle", "unavailable", "stall", "reset"):
+        edge += getattr(faults, fault)
+        if draw < edge:
+            return fault
+    return ""
