@@ -233,6 +233,10 @@ class LeaseKeeper:
         with self._wake:
             if held.state in (State.SETTLING, State.DONE):
                 return  # settled already (e.g. handed back at a shutdown timeout)
+            if held.state is not State.LOST and self.clock.monotonic() >= held.expires_at:
+                # The whole process was paused past the lease (a stop, a long GC pause): the
+                # handler may finish before the lease thread notices. Never report it done.
+                self._lose(held, "the lease expired before it could be renewed")
             if held.state is State.LOST and not allow_lost:
                 return  # SQS returns it by itself
             if held.state is not State.LOST:

@@ -371,3 +371,22 @@ def test_a_failed_fifo_receive_is_retried_with_the_same_attempt_id(
     assert next_one is not None and next_one != first  # a new receive after a success
     worker.request_stop()
     assert worker.shutdown() == 0
+
+
+def test_a_message_finishing_after_its_lease_expired_is_never_reported_done(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """The whole process paused past the lease: the handler may report before the lease
+    thread runs again. Its delete is then tried as unsure, never counted."""
+    from sqsworker.lease import LeaseKeeper
+
+    memory.create_queue("jobs")
+    transport = memory.transport("jobs")
+    send_all(transport, ["x"])
+    tally = Tally()
+    keeper = LeaseKeeper(transport, clock, tally, delete_interval=0)  # its thread not started
+    [held] = keeper.add(transport.receive(1, 0, 10), clock.monotonic(), 10)
+    assert keeper.begin(held)
+    clock.advance(11)
+    keeper.succeed(held)
+    assert held.lost and tally.counts["leases_lost"] == 1
