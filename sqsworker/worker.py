@@ -465,7 +465,8 @@ class Worker:
             self.observer.request_failed("SendMessageBatch", _as_transport_error(error))
             self._fail(held, exc, started, delay=None)
             return
-        self.keeper.succeed(held, urgent=self._blocks_its_group(held))
+        # At once: until this delete, a crash leaves the original to be copied again.
+        self.keeper.succeed(held, urgent=True)
         self.observer.handler_rejected(message, exc, duration, dlq.info.name)
 
     def _dead_letters(self, arn: str) -> Transport:
