@@ -30,6 +30,7 @@ check: lint typecheck test
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.compare
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo

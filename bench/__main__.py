@@ -16,9 +16,10 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from bench.common import Finish
 from bench.spark import source_throughput
 from sqsworker import Message, Worker, WorkerConfig
 from sqsworker.events import Observer, Observers, Tally
@@ -119,21 +120,6 @@ def drain(
         server.stop()
     assert tally.counts["deleted"] == messages, tally.counts
     return Result(name, messages, elapsed, requests - before, tally.counts["empty_receives"], ideal)
-
-
-class Finish(Observer):
-    """Notes when the last message was deleted: the end of the drain."""
-
-    def __init__(self, messages: int) -> None:
-        self.left = messages
-        self.at: float | None = None
-        self._lock = threading.Lock()
-
-    def deleted(self, messages: Sequence[Message]) -> None:
-        with self._lock:
-            self.left -= len(messages)
-            if self.left <= 0 and self.at is None:
-                self.at = time.perf_counter()
 
 
 class Scraper:
