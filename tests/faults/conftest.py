@@ -38,3 +38,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("fault injection: what each scenario did")
         for line in REPORTS:
             terminalreporter.write_line(line)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--soak"):  # minutes of chaos, past the suite's per-test timeout
+        for item in items:
+            if "tests/faults/" in item.nodeid:
+                item.add_marker(pytest.mark.timeout(1800))
