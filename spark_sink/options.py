@@ -33,7 +33,7 @@ class SourceOptions:
             "a folder on storage the driver and the executors share, one per query",
             "/mnt/shared/orders-query/wal",
         )
-        parsed = cls(
+        return cls(
             queue=queue,
             wal_path=wal_path,
             region=given.get("region") or None,
@@ -43,7 +43,6 @@ class SourceOptions:
             visibility_timeout=_int(given, "visibilityTimeout", 120, 1, MAX_VISIBILITY),
             wait_time_seconds=_int(given, "waitTimeSeconds", 1, 0, MAX_WAIT_TIME),
         )
-        return parsed
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import keys
 from .errors import ConfigError
+from .stores import parse_url
 
 MAX_VISIBILITY = 43_200  # SQS: 12 hours, counted from the receive
 MAX_WAIT_TIME = 20  # SQS: longest long poll
@@ -271,8 +272,6 @@ class WorkerConfig:
         if not 0 <= self.delete_interval <= 10:
             fail("delete_interval", "must be from 0 to 10 seconds")
         if self.idempotency_store is not None:
-            from .stores import parse_url
-
             try:
                 parse_url(self.idempotency_store)
             except ConfigError as exc:

@@ -233,10 +233,10 @@ class LeaseKeeper:
         with self._wake:
             if held.state in (State.SETTLING, State.DONE):
                 return  # settled already (e.g. handed back at a shutdown timeout)
-            if held.state is not State.LOST and self.clock.monotonic() >= held.expires_at:
-                # The whole process was paused past the lease (a stop, a long GC pause): the
-                # handler may finish before the lease thread notices. Never report it done.
-                self._lose(held, "the lease expired before it could be renewed")
+            # The whole process may have been paused past the lease (a stop, a long GC
+            # pause), and the handler finished before the lease thread noticed: never
+            # report such a message done.
+            self._lapse(held, self.clock.monotonic())
             if held.state is State.LOST and not allow_lost:
                 return  # SQS returns it by itself
             if held.state is not State.LOST:
@@ -284,8 +284,12 @@ class LeaseKeeper:
     def _expire(self, now: float) -> None:
         """Leases that ran out without a renewal are lost (a stalled thread, a failing SQS)."""
         for held in list(self._held.values()):
-            if held.state in (State.WAITING, State.RUNNING) and now >= held.expires_at:
-                self._lose(held, "the lease expired before it could be renewed")
+            self._lapse(held, now)
+
+    def _lapse(self, held: Held, now: float) -> None:
+        """Lose a waiting or running message's lease if it ran out unrenewed."""
+        if held.state in (State.WAITING, State.RUNNING) and now >= held.expires_at:
+            self._lose(held, "the lease expired before it could be renewed")
 
     def _lose(self, held: Held, reason: str) -> None:
         held.state = State.LOST

@@ -195,12 +195,6 @@ class DynamoDBStore:
         except botocore.exceptions.BotoCoreError as exc:
             raise self._fail(exc) from exc
 
-    def get(self, key: str) -> Record | None:
-        item = self.client.get_item(
-            TableName=self.table, Key={KEY: {"S": key}}, ConsistentRead=True
-        ).get("Item")
-        return None if item is None else _record(item)
-
     def close(self) -> None:
         self.client.close()
 

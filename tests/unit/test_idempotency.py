@@ -55,13 +55,19 @@ def test_a_key_sent_twice_runs_once(memory: MemorySQS, clock: FakeClock) -> None
     rig.stop()
 
 
+def one_key_twice(memory: MemorySQS, clock: FakeClock, body: str) -> tuple[Rig, Blocking]:
+    """Two copies of one key on two handler threads: the first runs until released."""
+    handler = Blocking()
+    rig = Rig(memory, clock, handler, store=MemoryStore(), concurrency=2, visibility_timeout=10)
+    send_all(rig.queue, [keyed(body, "k"), keyed(body, "k")])
+    rig.worker.start()
+    return rig, handler
+
+
 def test_a_key_in_progress_elsewhere_is_deferred_then_suppressed(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
-    handler = Blocking()
-    rig = Rig(memory, clock, handler, store=MemoryStore(), concurrency=2, visibility_timeout=10)
-    send_all(rig.queue, [keyed("order 1", "o-1"), keyed("order 1", "o-1")])
-    rig.worker.start()
+    rig, handler = one_key_twice(memory, clock, "order 1")
     rig.wait_for("duplicates_deferred", 1)
     assert handler.runs == ["order 1"]
     assert rig.queue.counts().in_flight == 2  # one running, one returned until the claim ends
@@ -77,10 +83,7 @@ def test_a_key_in_progress_elsewhere_is_deferred_then_suppressed(
 def test_a_deferral_waits_for_the_other_claims_lease_not_longer(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
-    handler = Blocking()
-    rig = Rig(memory, clock, handler, store=MemoryStore(), concurrency=2, visibility_timeout=10)
-    send_all(rig.queue, [keyed("a", "k"), keyed("a", "k")])
-    rig.worker.start()
+    rig, handler = one_key_twice(memory, clock, "a")
     rig.wait_for("returned", 1)  # the deferred copy, hidden until the other claim ends
     clock.advance(9)  # under the other claim's 10 s lease: still hidden
     rig.wait_for("lease_extensions", 1)  # the running one's lease (and claim) renewed
