@@ -1,14 +1,26 @@
-"""Time, injected.
+"""Time, and the threads that wait on it, injected.
 
 Lease timing, visibility expiry and backoff read the time from a ``Clock`` so
-that tests advance a ``FakeClock`` instead of sleeping.
+that tests advance a ``FakeClock`` instead of sleeping. Every thread the worker
+starts comes from ``Clock.spawn`` and every wait goes through ``Clock.wait``:
+the fault simulator's clock (``tests/sim``) uses both to run the worker's threads
+one at a time, in an order drawn from a seed.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
+
+
+class Task(Protocol):
+    """A thread started by ``Clock.spawn``."""
+
+    name: str
+
+    def is_alive(self) -> bool: ...
 
 
 class Clock(Protocol):
@@ -27,6 +39,16 @@ class Clock(Protocol):
         """
         ...
 
+    def spawn(self, name: str, target: Callable[[], object]) -> Task:
+        """Start ``target`` on a daemon thread named ``name``."""
+        ...
+
+
+def spawn_thread(name: str, target: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
+
 
 class SystemClock:
     def monotonic(self) -> float:
@@ -40,6 +62,9 @@ class SystemClock:
             cond.wait()
         else:
             cond.wait(max(0.0, deadline - time.monotonic()))
+
+    def spawn(self, name: str, target: Callable[[], object]) -> Task:
+        return spawn_thread(name, target)
 
 
 class FakeClock:
@@ -83,3 +108,6 @@ class FakeClock:
         finally:
             with self._lock:
                 self._waiters.remove(cond)
+
+    def spawn(self, name: str, target: Callable[[], object]) -> Task:
+        return spawn_thread(name, target)

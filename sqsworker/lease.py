@@ -474,7 +474,7 @@ class LeaseKeeper:
                     extended.append(held.message)
                 elif failure.lease_lost:
                     self._lose(held, f"{failure.code}: {failure.message}")
-                elif failure.code == "InvalidParameterValue":
+                elif failure.past_cap:
                     held.renew_at = math.inf  # SQS says the cap is reached: it will come back
                     self.observer.lease_near_cap(held.message, held.seconds_left)
                 else:

@@ -18,6 +18,10 @@ from typing import Any, Protocol
 LEASE_LOST_CODES = frozenset(
     {"ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidReceiptHandle"}
 )
+# SQS also answers a gone handle with InvalidParameterValue (the code it uses for a
+# value past the 12-hour cap too): the message tells them apart.
+_PARAMETER_CODES = frozenset({"InvalidParameterValue", "InvalidParameterValueException"})
+_GONE_TEXT = re.compile(r"does not exist or is not available|not in ?flight", re.IGNORECASE)
 MAX_BATCH = 10
 _BATCH_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 
@@ -79,7 +83,15 @@ class EntryFailure:
 
     @property
     def lease_lost(self) -> bool:
-        return self.code in LEASE_LOST_CODES
+        """The receipt handle no longer owns the message: someone else may have it now."""
+        if self.code in LEASE_LOST_CODES:
+            return True
+        return self.code in _PARAMETER_CODES and bool(_GONE_TEXT.search(self.message))
+
+    @property
+    def past_cap(self) -> bool:
+        """SQS refused a visibility that would pass the 12-hour cap."""
+        return self.code in _PARAMETER_CODES and not self.lease_lost
 
 
 @dataclass
