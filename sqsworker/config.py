@@ -19,6 +19,7 @@ from .stores import parse_url
 
 MAX_VISIBILITY = 43_200  # SQS: 12 hours, counted from the receive
 MAX_WAIT_TIME = 20  # SQS: longest long poll
+RECEIVE_MARGIN = 2  # seconds a lease must outlast the long poll that returned its message
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
 KEY_CONFLICT_OUTCOMES = ("reject", "suppress")
@@ -255,6 +256,14 @@ class WorkerConfig:
             fail("visibility_timeout", "must be from 1 to 43200 seconds (the SQS 12-hour limit)")
         if not 0 <= self.wait_time <= MAX_WAIT_TIME:
             fail("wait_time", "must be from 0 to 20 seconds (the SQS long-poll limit)")
+        if self.visibility_timeout < self.wait_time + RECEIVE_MARGIN:
+            raise ConfigError(
+                f"--visibility-timeout ({self.visibility_timeout}) must be at least --wait-time "
+                f"({self.wait_time}) + {RECEIVE_MARGIN}: a lease counts from the start of the "
+                "long poll that returned the message, so a shorter one could run out before the "
+                "message arrives; raise --visibility-timeout or lower --wait-time",
+                field="visibility_timeout",
+            )
         if not self.shutdown_timeout > 0:
             fail("shutdown_timeout", "must be more than 0 seconds")
         if self.log_level not in LOG_LEVELS:

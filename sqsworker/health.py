@@ -1,4 +1,4 @@
-"""Liveness of the worker's two long-lived threads, as ``/healthz`` reads it.
+"""Liveness of the worker's threads, as ``/healthz`` reads it.
 
 Each thread marks the start of every step that must end by itself (an SQS call,
 a pause) with how long it may take, and marks itself idle while it waits on
@@ -49,6 +49,8 @@ class Health:
     lease_overdue: float
     receiver_alive: bool
     lease_alive: bool
+    handlers_alive: int = 0  # handler threads still running their loop
+    handlers: int = 0  # how many were started
 
     @property
     def live(self) -> bool:
@@ -57,7 +59,8 @@ class Health:
             return True
         receiver_ok = self.stopping or (self.receiver_alive and self.receiver_overdue == 0)
         lease_ok = (self.stopping or self.lease_alive) and self.lease_overdue == 0
-        return receiver_ok and lease_ok
+        handlers_ok = self.stopping or self.handlers_alive >= self.handlers
+        return receiver_ok and lease_ok and handlers_ok
 
     @property
     def ready(self) -> bool:
@@ -71,6 +74,7 @@ class Health:
             "stopping": self.stopping,
             "receiver": _thread(self.receiver_alive, self.receiver_overdue),
             "lease": _thread(self.lease_alive, self.lease_overdue),
+            "handlers": f"{self.handlers_alive} of {self.handlers} running",
         }
 
 

@@ -12,6 +12,14 @@ Timing:
 - no renewal asks past SQS's 12-hour cap, counted from the start of the receive;
 - deletes and returns wait at most ``delete_interval`` to fill a batch of 10;
   hand-backs at shutdown go at once.
+
+A lease runs out at ``expires_at``, counted from the start of the request that
+set it (the receive, or the last renewal): SQS's own countdown starts later, so
+this is never later than SQS's. Whatever the state, a lease past ``expires_at``
+is lost: a handler does not start on it, a delete answered after it is not
+reported done (SQS may have handed the message to another consumer, and a
+stale handle's delete "succeeds" without deleting), and an entry that keeps
+failing is dropped instead of retried.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .clock import Clock
+from .clock import Clock, Task
 from .config import MAX_VISIBILITY
 from .errors import LeaseLost, TransportError
 from .events import Observer
@@ -79,6 +87,14 @@ class Held:
     def extend(self, seconds: int) -> float:
         return self.keeper.extend(self, seconds)
 
+    @property
+    def live(self) -> bool:
+        """Ours to run or settle: not lost, not settled."""
+        return self.state in _LIVE
+
+
+_LIVE = frozenset({State.WAITING, State.RUNNING, State.SETTLING})
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -108,6 +124,7 @@ class LeaseKeeper:
         delete_interval: float = 0.2,
         stall_timeout: float = 120.0,
         on_renewed: Callable[[list[Message]], None] | None = None,
+        on_released: Callable[[], None] | None = None,
     ) -> None:
         self.transport = transport
         self.clock = clock
@@ -117,19 +134,21 @@ class LeaseKeeper:
         self.progress = Progress(clock)  # read by /healthz
         # Called on this thread after each renewal: the idempotency claims follow the leases.
         self.on_renewed = on_renewed
+        # Called on this thread (no lock held) when held messages were settled or lost.
+        self.on_released = on_released
         self._lock = threading.Lock()  # guards _held, _ops, every Held's state, _stopping
         self._wake = threading.Condition(self._lock)
         self._held: dict[str, Held] = {}  # by receipt handle
         self._ops: list[_Op] = []
         self._stopping = False
         self._give_up_at: float | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: Task | None = None
+        self._finished = False  # the thread has returned
 
     # -- called by the worker's threads -------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="sqsworker-lease", daemon=True)
-        self._thread.start()
+        self._thread = self.clock.spawn("sqsworker-lease", self._run)
 
     def add(self, envelopes: Sequence[Envelope], received_at: float, timeout: int) -> list[Held]:
         held = [Held(self, e, received_at, timeout) for e in envelopes]
@@ -141,11 +160,18 @@ class LeaseKeeper:
 
     def begin(self, held: Held) -> bool:
         """Mark a waiting message as running; False if it was lost or handed back meanwhile."""
-        with self._lock:
+        with self._wake:
+            self._lapse(held, self.clock.monotonic())
             if held.state is not State.WAITING:
                 return False
             held.state = State.RUNNING
             return True
+
+    def defer(self, held: Held) -> None:
+        """A running message goes back to waiting (its lease still kept), to begin again."""
+        with self._lock:
+            if held.state is State.RUNNING:
+                held.state = State.WAITING
 
     def succeed(self, held: Held, urgent: bool = False) -> None:
         """Queue the delete (``urgent``: send it now, with whatever else is queued).
@@ -186,8 +212,13 @@ class LeaseKeeper:
         with self._lock:
             return len(self._held)
 
+    def settling_count(self) -> int:
+        """Held messages through their handler, their delete or return not yet answered."""
+        with self._lock:
+            return sum(h.state is State.SETTLING for h in self._held.values())
+
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and not self._finished
 
     def snapshot(self) -> Snapshot:
         """What is held now, for the metrics: counts by state and the oldest receive."""
@@ -204,14 +235,25 @@ class LeaseKeeper:
         if not 1 <= seconds <= MAX_VISIBILITY:
             raise ValueError("a lease can be extended by 1 to 43200 seconds")
         with self._wake:
+            self._lapse(held, self.clock.monotonic())
             if held.state is State.LOST:
                 raise LeaseLost(f"the lease of message {held.envelope.message_id} was lost")
             target = held.renewals + 1
             held.timeout = seconds
-            held.renew_at = -math.inf
+            if held.renew_at < math.inf:  # at the cap no renewal will come: answer at once
+                held.renew_at = -math.inf
             self._wake.notify_all()
-            while held.renewals < target and held.state not in (State.LOST, State.DONE):
-                self.clock.wait(self._wake, None)
+            # Until renewed, lost, settled, at the cap, or past the lease: never longer.
+            while (
+                held.renewals < target
+                and held.state in (State.WAITING, State.RUNNING)
+                and held.renew_at < math.inf
+            ):
+                now = self.clock.monotonic()
+                if now >= held.expires_at:
+                    self._lapse(held, now)
+                    break
+                self.clock.wait(self._wake, held.expires_at)
             if held.lost:  # set by the lease thread while this one waited
                 raise LeaseLost(f"the lease of message {held.envelope.message_id} was lost")
         return held.seconds_left
@@ -224,9 +266,8 @@ class LeaseKeeper:
             for op in self._ops:
                 op.urgent = True
             self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-        with self._lock:
+            while self._thread is not None and not self._finished:
+                self.clock.wait(self._wake, None)
             return len(self._ops)
 
     def _queue(self, held: Held, op: _Op, allow_lost: bool = False) -> None:
@@ -249,13 +290,21 @@ class LeaseKeeper:
     # -- the thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._wake:
+                self._finished = True
+                self._wake.notify_all()
+
+    def _loop(self) -> None:
         while True:
             with self._wake:
                 while True:
                     now = self.clock.monotonic()
-                    self._expire(now)
+                    lapsed = self._expire(now)
                     ops, renewals = self._due(now)
-                    if ops or renewals:
+                    if ops or renewals or lapsed:
                         break
                     if self._stopping and (not self._ops or self._gave_up(now)):
                         return
@@ -277,24 +326,28 @@ class LeaseKeeper:
                         held.renew_at = self.clock.monotonic() + RETRY_AFTER_ERROR
             with self._wake:
                 self._wake.notify_all()  # wake extend() callers waiting on a renewal
+            if self.on_released is not None and (ops or lapsed):
+                self.on_released()  # room for more messages under the held bound
 
     def _gave_up(self, now: float) -> bool:
         return self._give_up_at is not None and now >= self._give_up_at
 
-    def _expire(self, now: float) -> None:
+    def _expire(self, now: float) -> bool:
         """Leases that ran out without a renewal are lost (a stalled thread, a failing SQS)."""
-        for held in list(self._held.values()):
-            self._lapse(held, now)
+        return sum(self._lapse(held, now) for held in list(self._held.values())) > 0
 
-    def _lapse(self, held: Held, now: float) -> None:
-        """Lose a waiting or running message's lease if it ran out unrenewed."""
-        if held.state in (State.WAITING, State.RUNNING) and now >= held.expires_at:
+    def _lapse(self, held: Held, now: float) -> bool:
+        """Lose a held message's lease if it ran out unrenewed, a queued delete's too."""
+        if held.state in _LIVE and now >= held.expires_at:
             self._lose(held, "the lease expired before it could be renewed")
+            return True
+        return False
 
     def _lose(self, held: Held, reason: str) -> None:
         held.state = State.LOST
         self._held.pop(held.envelope.receipt_handle, None)
         self.observer.lease_lost(held.message, reason)
+        self._wake.notify_all()  # an extend() waiting on this lease returns
 
     def _due(self, now: float) -> tuple[list[_Op], list[Held]]:
         ready = [op for op in self._ops if op.not_before <= now]
@@ -306,19 +359,24 @@ class LeaseKeeper:
         ops = ready if flush else []
         if ops:
             self._ops = [op for op in self._ops if op not in ops]
-        renewable = self._renewable(also_returning=ops)
+        renewable = self._renewable(settling_now=ops)
         renewals: list[Held] = []
         if any(h.renew_at <= now for h in renewable):
             renewals = [h for h in renewable if h.renew_at <= now + h.timeout / 4]
         return ops, renewals
 
-    def _renewable(self, also_returning: Sequence[_Op] = ()) -> list[Held]:
-        """Held messages whose lease is ours to renew: not lost, not at the cap, not returning."""
-        returning = {id(op.held) for op in [*self._ops, *also_returning] if op.action == "return"}
+    def _renewable(self, settling_now: Sequence[_Op] = ()) -> list[Held]:
+        """Held messages whose lease is ours to renew: not lost, not at the cap, not returning.
+
+        A queued delete's lease is renewed until the delete is sent, not in the pass
+        that sends it (its handle may be gone by the time a renewal went).
+        """
+        skip = {id(op.held) for op in self._ops if op.action == "return"}
+        skip |= {id(op.held) for op in settling_now}
         return [
             h
             for h in self._held.values()
-            if id(h) not in returning and h.state is not State.LOST and h.renew_at < math.inf
+            if id(h) not in skip and h.state in _LIVE and h.renew_at < math.inf
         ]
 
     def _next_deadline(self, now: float) -> float | None:
@@ -328,9 +386,7 @@ class LeaseKeeper:
             for op in self._ops
         ]
         deadlines += [h.renew_at for h in self._renewable()]
-        deadlines += [
-            h.expires_at for h in self._held.values() if h.state in (State.WAITING, State.RUNNING)
-        ]
+        deadlines += [h.expires_at for h in self._held.values() if h.state in _LIVE]
         if self._give_up_at is not None:
             deadlines.append(self._give_up_at)
         return min(deadlines) if deadlines else None
@@ -367,13 +423,20 @@ class LeaseKeeper:
             result = send(batch)
         except TransportError as exc:
             self.observer.request_failed(action, exc)
-            self._retry(batch)
+            if exc.retryable:
+                self._retry(batch)
+            else:  # retrying cannot help (AccessDenied, a deleted queue): SQS returns them
+                self._give_up(batch, f"{action} was refused: {exc}")
             return
         failures = {f.id: f for f in result.failed}
         done: list[_Op] = []
         retry: list[_Op] = []
-        with self._lock:
+        with self._wake:
+            answered = self.clock.monotonic()
             for index, op in enumerate(batch):
+                # Answered after the lease ran out: SQS may have handed the message to
+                # another consumer first, so a "successful" delete proves nothing.
+                self._lapse(op.held, answered)
                 failure = failures.get(str(index))
                 if failure is None:
                     done.append(op)
@@ -391,10 +454,12 @@ class LeaseKeeper:
                             False,
                         )
                 else:
-                    retry.append(op)
+                    lapsed = op.held.state is State.LOST
+                    if not lapsed:
+                        retry.append(op)
                     if op.action == "delete":
                         self.observer.delete_failed(
-                            op.held.message, f"{failure.code}: {failure.message}", True
+                            op.held.message, f"{failure.code}: {failure.message}", not lapsed
                         )
         if retry:
             self._retry(retry)
@@ -421,11 +486,23 @@ class LeaseKeeper:
             self.observer.returned(messages, seconds, reason)
 
     def _retry(self, ops: Sequence[_Op]) -> None:
+        """Try again in a second, while the lease lasts: a lost one is SQS's to return."""
         with self._wake:
-            not_before = self.clock.monotonic() + RETRY_AFTER_ERROR
+            now = self.clock.monotonic()
             for op in ops:
-                op.not_before = not_before
-            self._ops.extend(ops)
+                self._lapse(op.held, now)
+                if op.held.state is State.LOST:
+                    continue
+                op.not_before = now + RETRY_AFTER_ERROR
+                self._ops.append(op)
+
+    def _give_up(self, ops: Sequence[_Op], reason: str) -> None:
+        with self._wake:
+            for op in ops:
+                if op.held.state is not State.LOST:
+                    self._lose(op.held, reason)
+                if op.action == "delete":
+                    self.observer.delete_failed(op.held.message, reason, False)
 
     def _capped(self, held: Held, seconds: int) -> int:
         """``seconds`` cut so the total stays inside the 12-hour cap."""
@@ -434,16 +511,20 @@ class LeaseKeeper:
 
     def _renew(self, renewals: list[Held]) -> None:
         by_timeout: dict[int, list[Held]] = {}
-        for held in renewals:
-            seconds = self._capped(held, held.timeout)
-            budget = MAX_VISIBILITY - (self.clock.monotonic() - held.received_at)
-            if budget < NEAR_CAP and not held.near_cap_warned:
-                held.near_cap_warned = True
-                self.observer.lease_near_cap(held.message, budget)
-            if seconds < 1:
-                held.renew_at = math.inf  # at the cap: it will expire and come back
-                continue
-            by_timeout.setdefault(seconds, []).append(held)
+        with self._wake:
+            for held in renewals:
+                if held.state not in _LIVE:  # settled or lost since the pass began
+                    continue
+                seconds = self._capped(held, held.timeout)
+                budget = MAX_VISIBILITY - (self.clock.monotonic() - held.received_at)
+                if budget < NEAR_CAP and not held.near_cap_warned:
+                    held.near_cap_warned = True
+                    self.observer.lease_near_cap(held.message, budget)
+                if seconds < 1:
+                    held.renew_at = math.inf  # at the cap: it will expire and come back
+                    self._wake.notify_all()  # an extend() waiting for a renewal returns
+                    continue
+                by_timeout.setdefault(seconds, []).append(held)
         for seconds, group in by_timeout.items():
             for batch in chunks(group):
                 self._renew_batch(batch, seconds)
@@ -462,10 +543,12 @@ class LeaseKeeper:
             return
         failures = {f.id: f for f in result.failed}
         extended: list[Message] = []
-        with self._lock:
+        with self._wake:
+            answered = self.clock.monotonic()
             for index, held in enumerate(batch):
                 failure = failures.get(str(index))
-                if held.state in (State.DONE, State.LOST):
+                self._lapse(held, answered)
+                if held.state not in _LIVE:
                     continue
                 if failure is None:
                     held.expires_at = started + seconds
@@ -477,6 +560,7 @@ class LeaseKeeper:
                 elif failure.past_cap:
                     held.renew_at = math.inf  # SQS says the cap is reached: it will come back
                     self.observer.lease_near_cap(held.message, held.seconds_left)
+                    self._wake.notify_all()
                 else:
                     held.renew_at = started + RETRY_AFTER_ERROR
         if extended:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from .clock import Clock, SystemClock
+from .clock import Clock, SystemClock, Task
 from .config import WorkerConfig
 from .errors import KeyConflict, Reject, Retry, StartupError, StoreError, TransportError
 from .events import Observer, Observers
@@ -63,13 +63,18 @@ class Worker:
         self.capacity = self.config.concurrency + self.config.prefetch
 
         self._stopping = threading.Event()  # set once: no more receives
-        # _slots guards _pending, _unfinished and _closing; handler threads wait on it.
+        # _slots guards _pending, _deferred, _unfinished, _closing, _receiver_done and
+        # _handlers_alive; handler threads wait on it.
         self._slots = threading.Condition()
         # Received, waiting for a handler thread: one line, or one lane per FIFO group.
         self._pending: Line | Lanes = Line()
         self._unfinished = 0  # received and not yet through a handler (or handed back)
+        # Duplicates whose key is busy elsewhere: held (leases kept), looked at again then.
+        self._deferred: list[tuple[float, Held]] = []
         self._closing = False  # handler threads exit when _pending is empty
-        self._receiver: threading.Thread | None = None
+        self._receiver: Task | None = None
+        self._receiver_done = False
+        self._handlers_alive = 0
         self._receiving = Progress(self.clock)  # read by /healthz
         self._started = False
         self.keeper: LeaseKeeper | None = None
@@ -98,6 +103,8 @@ class Worker:
             lease_overdue=self.keeper.progress.overdue() if self.keeper else 0.0,
             receiver_alive=self._receiver is not None and self._receiver.is_alive(),
             lease_alive=self.keeper is not None and self.keeper.alive(),
+            handlers_alive=self._handlers_alive,
+            handlers=self.config.concurrency,
         )
 
     # -- lifecycle -----------------------------------------------------------------
@@ -126,18 +133,14 @@ class Worker:
             delete_interval=self.config.delete_interval,
             stall_timeout=self.config.stall_timeout,
             on_renewed=self._renew_claims if self.idempotency else None,
+            on_released=self._room_changed,
         )
         self.keeper.start()
+        self._handlers_alive = self.config.concurrency
         for index in range(self.config.concurrency):
-            thread = threading.Thread(
-                target=self._work, name=f"sqsworker-handler-{index}", daemon=True
-            )
-            thread.start()
+            self.clock.spawn(f"sqsworker-handler-{index}", self._work)
         self.observer.worker_started(self.transport.info, self.config)
-        self._receiver = threading.Thread(
-            target=self._receive_loop, name="sqsworker-receiver", daemon=True
-        )
-        self._receiver.start()
+        self._receiver = self.clock.spawn("sqsworker-receiver", self._receive_loop)
         self._started = True
 
     def _open_idempotency(self) -> Idempotency | None:
@@ -183,7 +186,8 @@ class Worker:
         #    --wait-time): the receive thread hands whatever it returns straight back.
         self._stopping.set()
         with self._slots:
-            waiting = self._pending.drain()
+            waiting = self._pending.drain() + [held for _, held in self._deferred]
+            self._deferred.clear()
             self._unfinished -= len(waiting)
             self._closing = True
             self._slots.notify_all()
@@ -203,8 +207,12 @@ class Worker:
         overdue = [] if clean else self.keeper.running()
         self.keeper.hand_back(overdue)
 
-        # 5. Wait out a long poll still under way, so none of its messages is stranded.
-        self._receiver.join(self.config.wait_time + 15)
+        # 5. Wait out a long poll still under way, so none of its messages is stranded:
+        #    the receive thread hands them back. A receive is one HTTP attempt, bounded by
+        #    the client's timeouts, so this ends.
+        with self._slots:
+            while not self._receiver_done:
+                self.clock.wait(self._slots, None)
 
         # 6. Flush queued deletes and returns, then stop the lease thread.
         unsettled = self.keeper.stop(give_up_after=max(5.0, deadline - self.clock.monotonic()))
@@ -218,6 +226,14 @@ class Worker:
     # -- the receive thread --------------------------------------------------------------
 
     def _receive_loop(self) -> None:
+        try:
+            self._receive()
+        finally:
+            with self._slots:
+                self._receiver_done = True
+                self._slots.notify_all()
+
+    def _receive(self) -> None:
         assert self.keeper is not None
         batch = min(MAX_BATCH, self.capacity)
         failures = 0
@@ -226,6 +242,7 @@ class Worker:
             free = self._await_room(batch)
             if free == 0:
                 return
+            # The leases of what this receive returns count from here: before SQS hid them.
             began = self.clock.monotonic()
             self._receiving.step(self.config.wait_time + self.config.stall_timeout)
             if self.transport.info.fifo and attempt_id is None:
@@ -268,12 +285,27 @@ class Worker:
             return
 
     def _await_room(self, batch: int) -> int:
-        """Wait until a full batch fits under the held-message bound; 0 when stopping."""
+        """Wait until a full batch fits under the held-message bound; 0 when stopping.
+
+        The bound counts every message held: waiting, running, and through its handler
+        with its delete or return not yet answered (deletes failing for a while must
+        not let held messages pile up).
+        """
+        assert self.keeper is not None
         with self._slots:
             self._receiving.idle()  # waiting on the handlers is not being stuck
-            while not self._stopping.is_set() and self.capacity - self._unfinished < batch:
-                self._slots.wait()
-            return 0 if self._stopping.is_set() else self.capacity - self._unfinished
+            while not self._stopping.is_set() and self._room() < batch:
+                self.clock.wait(self._slots, None)
+            return 0 if self._stopping.is_set() else self._room()
+
+    def _room(self) -> int:
+        assert self.keeper is not None
+        return self.capacity - self._unfinished - self.keeper.settling_count()
+
+    def _room_changed(self) -> None:
+        """Called by the lease thread when deletes or returns were answered."""
+        with self._slots:
+            self._slots.notify_all()
 
     def _pause(self, seconds: float) -> None:
         self._receiving.step(seconds + self.config.stall_timeout)
@@ -298,33 +330,56 @@ class Worker:
     # -- the handler threads -------------------------------------------------------------
 
     def _work(self) -> None:
-        assert self.keeper is not None
-        while True:
+        try:
+            while (held := self._next()) is not None:
+                kept = False
+                try:
+                    kept = self._process(held)
+                finally:
+                    if not kept:
+                        self._finish(held)
+        finally:
             with self._slots:
-                while (held := self._pending.take()) is None and not self._closing:
-                    self._slots.wait()
-                if held is None:
-                    return
-            try:
-                self._process(held)
-            finally:
-                with self._slots:
-                    # A FIFO group's later messages must not overtake one that comes back.
-                    later = self._pending.finish(held, settled=held.gone)
-                    self._unfinished -= 1 + len(later)
-                    self._slots.notify_all()
-                for h in later:
-                    self.keeper.release(h, 0, HANDED_BACK_BEHIND, urgent=True)
+                self._handlers_alive -= 1  # read by /healthz: a thread lost is not live
 
-    def _process(self, held: Held) -> None:
+    def _next(self) -> Held | None:
+        """The next message to run: a deferred one that is due, else the next waiting one."""
+        with self._slots:
+            while True:
+                now = self.clock.monotonic()
+                for index, (due, deferred) in enumerate(self._deferred):
+                    if due <= now:
+                        del self._deferred[index]
+                        return deferred
+                waiting = self._pending.take()
+                if waiting is not None or self._closing:
+                    return waiting
+                self.clock.wait(self._slots, min((d for d, _ in self._deferred), default=None))
+
+    def _finish(self, held: Held) -> None:
+        assert self.keeper is not None
+        with self._slots:
+            # A FIFO group's later messages must not overtake one that comes back. Their
+            # returns are queued before they stop counting, so a shutdown cannot stop the
+            # lease thread in between and leave them invisible.
+            later = self._pending.finish(held, settled=held.gone)
+            for h in later:
+                self.keeper.release(h, 0, HANDED_BACK_BEHIND, urgent=True)
+            self._unfinished -= 1 + len(later)
+            self._slots.notify_all()
+
+    def _process(self, held: Held) -> bool:
+        """Run the handler on ``held``; True when the message is kept to run later."""
         assert self.keeper is not None
         message = held.message
         if not self.keeper.begin(held):
             self.observer.handler_skipped(message, "its lease was lost while it waited to start")
-            return
+            return False
         started = self.clock.monotonic()
-        if self.idempotency and not self._admit(held, started):
-            return
+        if self.idempotency:
+            verdict = self._admit(held, started)
+            if verdict is not Verdict.RUN:
+                return verdict is Verdict.BUSY
         self.observer.handler_started(message)
         try:
             # Log lines of the handler's own (structlog or stdlib logging) carry these fields.
@@ -339,30 +394,30 @@ class Worker:
                 self._reject(held, exc, started)
             else:
                 self._fail(held, exc, started, delay=None)
-        except BaseException:
-            self._release_claim(message)
-            self.keeper.release(held, 0, "handler thread interrupted", urgent=True)
-            raise
+        except BaseException as exc:  # SystemExit and the like: a failure; the thread lives on
+            self._fail(held, exc, started, delay=None)
         else:
             self._complete_claim(message)
             self.keeper.succeed(held, urgent=self._blocks_its_group(held))
             self.observer.handler_succeeded(message, self.clock.monotonic() - started)
+        return False
 
     # -- idempotency: each store call's failure is reported, and never loses the message --
 
-    def _admit(self, held: Held, started: float) -> bool:
-        """Claim the message's key; False when the handler must not run (and it is settled)."""
+    def _admit(self, held: Held, started: float) -> Verdict | None:
+        """Claim the message's key: RUN, run the handler; BUSY, kept to look again later;
+        anything else (None when no verdict could be had): settled here."""
         assert self.keeper is not None and self.idempotency is not None
         message = held.message
         try:
             admission = self.idempotency.admit(message)
         except Reject as exc:  # no key can be derived from this message
             self._reject(held, exc, started)
-            return False
+            return None
         except StoreError as exc:
             self.observer.store_failed("claim", exc)
             self._fail(held, exc, started, delay=None)
-            return False
+            return None
         verdict = admission.verdict
         if verdict is Verdict.CONFLICT:
             outcome = self.config.on_key_conflict
@@ -373,16 +428,21 @@ class Worker:
                     "with another body"
                 )
                 self._reject(held, conflict, started)
-                return False
+                return Verdict.CONFLICT
             verdict = Verdict.DUPLICATE
         if verdict is Verdict.DUPLICATE:
             self.keeper.succeed(held, urgent=self._blocks_its_group(held))
             self.observer.duplicate_suppressed(message)
         elif verdict is Verdict.BUSY:
+            # Held, not returned: a return would use up a receive, and a duplicate that
+            # keeps meeting its original would end in the dead-letter queue.
             retry_in = min(max(1.0, admission.retry_in), self.config.visibility_timeout)
-            self.keeper.release(held, retry_in, "idempotency key in progress elsewhere")
+            self.keeper.defer(held)
+            with self._slots:
+                self._deferred.append((self.clock.monotonic() + retry_in, held))
+                self._slots.notify_all()
             self.observer.duplicate_deferred(message, retry_in)
-        return verdict is Verdict.RUN
+        return verdict
 
     def _complete_claim(self, message: Message) -> None:
         if self.idempotency is None:

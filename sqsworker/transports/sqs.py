@@ -4,7 +4,9 @@ boto3's conventions hold: the default credential chain, AWS_REGION /
 AWS_DEFAULT_REGION, AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_SQS. botocore's own
 retries are turned off so that every attempt is one counted request; transient
 faults (throttling, 5xx, connection resets, timeouts) are retried here with
-tenacity, and every botocore error leaves this module as an sqsworker error.
+tenacity (except a receive: one attempt, so the caller knows when the request that
+returned a message began), and every botocore error leaves this module as an
+sqsworker error.
 """
 
 from __future__ import annotations
@@ -180,10 +182,12 @@ class SQSTransport:
         response = self._call("GetQueueUrl", self.client.get_queue_url, QueueName=queue, **kwargs)
         return str(response["QueueUrl"])
 
-    def _call(self, action: str, method: Callable[..., T], **kwargs: Any) -> T:
+    def _call(
+        self, action: str, method: Callable[..., T], attempts: int | None = None, /, **kwargs: Any
+    ) -> T:
         retrying = Retrying(
             retry=retry_if_exception(lambda e: isinstance(e, TransportError) and e.retryable),
-            stop=stop_after_attempt(self.attempts),
+            stop=stop_after_attempt(attempts or self.attempts),
             wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
             before_sleep=_log_retry,
             reraise=True,
@@ -219,7 +223,9 @@ class SQSTransport:
         }
         if attempt_id is not None and self.info.fifo:
             kwargs["ReceiveRequestAttemptId"] = attempt_id
-        response = self._call("ReceiveMessage", self.client.receive_message, **kwargs)
+        # One attempt: the caller dates the leases of what it returns from the start of
+        # the attempt, so a retry must be the caller's (the worker's receive loop backs off).
+        response = self._call("ReceiveMessage", self.client.receive_message, 1, **kwargs)
         return [
             Envelope(
                 message_id=m["MessageId"],

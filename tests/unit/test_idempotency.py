@@ -80,18 +80,20 @@ def test_a_key_in_progress_elsewhere_is_deferred_then_suppressed(
     rig.stop()
 
 
-def test_a_deferral_waits_for_the_other_claims_lease_not_longer(
+def test_a_deferred_duplicate_is_held_not_returned_so_it_never_uses_up_receives(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
     rig, handler = one_key_twice(memory, clock, "a")
-    rig.wait_for("returned", 1)  # the deferred copy, hidden until the other claim ends
-    clock.advance(9)  # under the other claim's 10 s lease: still hidden
-    rig.wait_for("lease_extensions", 1)  # the running one's lease (and claim) renewed
-    assert memory.transport("jobs").receive(10, 0, 30) == []
-    clock.advance(2)
-    [again] = memory.transport("jobs").receive(10, 0, 30)  # visible once that lease ended
-    assert again.body == "a"
+    rig.wait_for("duplicates_deferred", 1)
+    for n in range(1, 13):  # the original runs for 6 leases; its copy is looked at again
+        rig.advance_until(lambda n=n: rig.count("lease_extensions") >= 2 * n, step=0.5)
+    assert rig.count("duplicates_deferred") > 3
+    assert rig.count("returned") == 0 and rig.count("leases_lost") == 0
+    assert rig.count("received") == 2  # never handed back, so never received again
     handler.release.set()
+    rig.advance_until(lambda: rig.count("duplicates_suppressed") == 1)
+    rig.wait_for("deleted", 2)
+    assert handler.runs == ["a"]
     rig.stop()
 
 

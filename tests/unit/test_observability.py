@@ -81,7 +81,9 @@ def test_counters_match_what_happened(
     rig = Rig(memory, clock, handler, concurrency=4, observers=[metrics])
     metrics.watch(rig.worker)
     rig.send(*["ok"] * 20, *["poison"] * 5, "flaky")
-    memory.inject_fault("DeleteMessageBatch", TransportError("boom", code="ServiceUnavailable"))
+    memory.inject_fault(
+        "DeleteMessageBatch", TransportError("boom", code="ServiceUnavailable", retryable=True)
+    )
     rig.worker.start()
     rig.advance_until(lambda: rig.count("deleted") == 26)
 
