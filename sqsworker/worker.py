@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import structlog
@@ -58,7 +57,6 @@ class Worker:
         self._transport = transport
         self._store = idempotency_store  # else opened from config.idempotency_store at start
         self.idempotency: Idempotency | None = None
-        self._claims: ThreadPoolExecutor | None = None  # renews claims after lease renewals
         self._dead_letter_queue: Transport | None = None
         self.capacity = self.config.concurrency + self.config.prefetch
 
@@ -123,16 +121,18 @@ class Worker:
         if self.transport.info.fifo:
             self._pending = Lanes()
         self.idempotency = self._open_idempotency()
+        claims = None
         if self.idempotency:
-            # The store is slower than SQS and may be locked: never keep the lease thread.
-            self._claims = ThreadPoolExecutor(1, thread_name_prefix="sqsworker-claims")
+            # The store is slower than SQS and may be locked: claims are renewed on a
+            # thread of their own, woken by the lease thread's renewals.
+            claims = self.idempotency.start(self.observer.store_failed, self.observer.claim_lost)
         self.keeper = LeaseKeeper(
             self.transport,
             self.clock,
             self.observer,
             delete_interval=self.config.delete_interval,
             stall_timeout=self.config.stall_timeout,
-            on_renewed=self._renew_claims if self.idempotency else None,
+            on_renewed=claims.wake if claims else None,
             on_released=self._room_changed,
         )
         self.keeper.start()
@@ -217,8 +217,7 @@ class Worker:
         # 6. Flush queued deletes and returns, then stop the lease thread.
         unsettled = self.keeper.stop(give_up_after=max(5.0, deadline - self.clock.monotonic()))
         self.transport.close()
-        if self.idempotency and self._claims:
-            self._claims.shutdown(wait=True)
+        if self.idempotency:
             self.idempotency.close()
         self.observer.shutdown_finished(clean, len(waiting) + len(overdue), unsettled)
         return 0 if clean else 1
@@ -295,6 +294,10 @@ class Worker:
         with self._slots:
             self._receiving.idle()  # waiting on the handlers is not being stuck
             while not self._stopping.is_set() and self._room() < batch:
+                if self.capacity - self._unfinished >= batch:
+                    # Only unanswered deletes and returns stand in the way: send them now
+                    # rather than after --delete-interval, so the handlers are not starved.
+                    self.keeper.flush()
                 self.clock.wait(self._slots, None)
             return 0 if self._stopping.is_set() else self._room()
 
@@ -464,21 +467,6 @@ class Worker:
             self.idempotency.release(message)
         except StoreError as exc:  # the claim lapses with its lease instead
             self.observer.store_failed("release", exc)
-
-    def _renew_claims(self, messages: list[Message]) -> None:
-        """Called by the lease thread after a renewal: each claim's lease follows its message's."""
-        assert self._claims is not None
-        self._claims.submit(self._renew_claims_now, messages)
-
-    def _renew_claims_now(self, messages: list[Message]) -> None:
-        assert self.idempotency is not None
-        try:
-            lost = self.idempotency.renew(messages)
-        except Exception as exc:  # on an executor thread: an error unreported is an error lost
-            self.observer.store_failed("renew", exc)
-            return
-        for message in lost:
-            self.observer.claim_lost(message, "the claim lapsed and another worker took the key")
 
     def _blocks_its_group(self, held: Held) -> bool:
         """True when SQS holds back the message's FIFO group until it is deleted.

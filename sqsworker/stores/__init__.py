@@ -62,7 +62,11 @@ class Store(Protocol):
         ...
 
     def renew(self, leases: Sequence[Lease]) -> list[str]:
-        """Move each lease's expiry; returns the keys whose record ``owner`` no longer holds."""
+        """Move each IN_PROGRESS lease's expiry; returns the keys ``owner`` no longer holds.
+
+        A record ``owner`` itself completed is still its own: not returned, and left
+        as it is (its time to live does not change).
+        """
         ...
 
     def complete(self, key: str, owner: str, digest: str, expires_at: float, now: float) -> bool:

@@ -151,10 +151,14 @@ class DynamoDBStore:
                         ":o": {"S": lease.owner},
                         ":s": {"S": State.IN_PROGRESS.value},
                     },
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
             except botocore.exceptions.ClientError as exc:
                 if _code(exc) != "ConditionalCheckFailedException":
                     raise self._fail(exc) from exc
+                old: dict[str, Any] | None = cast(dict[str, Any], exc.response).get("Item")
+                if old is not None and _completed_by(old, lease.owner):
+                    continue  # completed by this owner while the renewal went: not lost
                 lost.append(lease.key)
             except botocore.exceptions.BotoCoreError as exc:
                 raise self._fail(exc) from exc
@@ -221,6 +225,11 @@ def _record(item: dict[str, Any]) -> Record:
         item["digest"]["S"],
         float(item["expires_at"]["N"]),
     )
+
+
+def _completed_by(item: dict[str, Any], owner: str) -> bool:
+    record = _record(item)
+    return record.state is State.COMPLETED and record.owner == owner
 
 
 def _code(exc: botocore.exceptions.ClientError) -> str:

@@ -29,9 +29,11 @@ class MemoryStore:
         with self._lock:
             for lease in leases:
                 record = self._records.get(lease.key)
-                if record is None or not _held_by(record, lease.owner):
+                if record is None or record.owner != lease.owner:
                     lost.append(lease.key)
                     continue
+                if record.state is State.COMPLETED:
+                    continue  # completed by this owner while the renewal went: not lost
                 self._records[lease.key] = Record(
                     State.IN_PROGRESS, lease.owner, record.digest, lease.expires_at
                 )

@@ -53,9 +53,10 @@ class SQLiteStore:
         self.synchronous = synchronous
         self._local = threading.local()
         self._lock = threading.Lock()  # guards _connections and _claims
-        # One writer at a time in this process: SQLite's own busy wait sleeps whole
-        # milliseconds, so threads queueing here instead write sooner. Other processes
-        # still meet the busy timeout.
+        # One writer at a time in this process, around single statements and the
+        # renewals' short transaction (never around a handler's transaction block):
+        # SQLite's own busy wait sleeps whole milliseconds, so threads queueing here
+        # instead write sooner. Other processes still meet the busy timeout.
         self._writing = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._claims = 0
@@ -147,9 +148,11 @@ class SQLiteStore:
                 db.execute("BEGIN IMMEDIATE")
                 try:
                     for lease in leases:
+                        # A record this owner completed meanwhile is still its own: kept as is.
                         moved = db.execute(
-                            f"UPDATE {TABLE} SET expires_at = ? "
-                            "WHERE key = ? AND owner = ? AND state = 'in_progress'",
+                            f"UPDATE {TABLE} SET expires_at = CASE state "
+                            "WHEN 'in_progress' THEN ? ELSE expires_at END "
+                            "WHERE key = ? AND owner = ?",
                             (lease.expires_at, lease.key, lease.owner),
                         )
                         if moved.rowcount != 1:
@@ -187,31 +190,38 @@ class SQLiteStore:
 
     @contextmanager
     def transaction(self, key: str, owner: str, expires_at: float) -> Iterator[Transaction]:
-        """The handler's writes and the completion record, committed together or not at all."""
+        """The handler's writes and the completion record, committed together or not at all.
+
+        The block holds SQLite's write lock, which other writers (threads of this process
+        too) wait for up to the busy timeout; it holds no lock of this process, so user
+        code inside it never keeps another thread from running.
+        """
         db = self._connection()
-        with self._writing:
-            try:
+        try:
+            with self._writing:  # queued with this process's writers for the BEGIN only
                 db.execute("BEGIN IMMEDIATE")  # the write lock now: no deadlock upgrading later
-            except sqlite3.Error as exc:
-                raise StoreError(f"SQLite store {self.path}: {exc}") from exc
-            try:
-                yield Transaction(db)
-                completed = db.execute(
-                    f"UPDATE {TABLE} SET state = 'completed', expires_at = ? "
-                    "WHERE key = ? AND owner = ? AND state = 'in_progress'",
-                    (expires_at, key, owner),
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+        try:
+            yield Transaction(db)
+            # SQLite's write lock is ours until COMMIT: no need to queue for _writing
+            # (and a writer queued there waits for this very transaction).
+            completed = db.execute(
+                f"UPDATE {TABLE} SET state = 'completed', expires_at = ? "
+                "WHERE key = ? AND owner = ? AND state = 'in_progress'",
+                (expires_at, key, owner),
+            )
+            if completed.rowcount != 1:
+                raise LeaseLost(
+                    f"the idempotency record of {key!r} passed to another worker while "
+                    "this one ran (its lease lapsed); this transaction was rolled back, "
+                    "so the effect happens once, there"
                 )
-                if completed.rowcount != 1:
-                    raise LeaseLost(
-                        f"the idempotency record of {key!r} passed to another worker while "
-                        "this one ran (its lease lapsed); this transaction was rolled back, "
-                        "so the effect happens once, there"
-                    )
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
 
     def get(self, key: str) -> Record | None:
         row = self._execute(

@@ -65,7 +65,13 @@ def test_a_completed_key_stays_completed_until_its_ttl(store: Store) -> None:
     assert store.complete("k", "a", "d", NOW + 3600, NOW + 5)
     record = store.claim("k", "b", "d", NOW + 30, NOW + 100)
     assert record is not None and record.state is State.COMPLETED
-    assert store.renew([Lease("k", "a", NOW + 200)]) == ["k"]  # completed: no longer a lease
+    # A renewal that lands after its owner completed the key is no loss (defect 11), and
+    # leaves the completion's time to live as it was.
+    assert store.renew([Lease("k", "a", NOW + 200)]) == []
+    assert store.renew([Lease("k", "b", NOW + 200)]) == ["k"]  # not b's
+    record = store.claim("k", "b", "d", NOW + 300, NOW + 200)
+    assert record is not None and record.state is State.COMPLETED
+    assert record.expires_at == pytest.approx(NOW + 3600)
     assert store.claim("k", "b", "d", NOW + 3630, NOW + 3600) is None
 
 

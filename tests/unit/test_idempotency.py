@@ -346,7 +346,10 @@ def test_a_transaction_whose_claim_passed_to_another_worker_rolls_back(database:
     assert payments(database) == ["once"]
     record = store.get("k")
     assert record is not None and record.state is State.COMPLETED
-    assert store.renew([Lease("k", "other", 6000.0)]) == ["k"]
+    assert store.renew([Lease("k", "other", 6000.0)]) == []  # its own completion: kept as is
+    assert store.renew([Lease("k", "paused", 6000.0)]) == ["k"]
+    record = store.get("k")
+    assert record is not None and record.expires_at == 5000.0
     store.close()
 
 
