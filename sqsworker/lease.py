@@ -62,6 +62,7 @@ class Held:
         self.expires_at = received_at + timeout
         self.renew_at = received_at + timeout / 2
         self.state = State.WAITING
+        self.disowned = False  # SQS said this receipt handle no longer owns the message
         self.renewals = 0
         self.near_cap_warned = False
         self.outcome: str | None = None  # "delete" or "return", once one is queued
@@ -94,6 +95,7 @@ class Held:
 
 
 _LIVE = frozenset({State.WAITING, State.RUNNING, State.SETTLING})
+_DISOWNED = "the receipt handle no longer owns the message; it may be delivered again"
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,8 @@ class LeaseKeeper:
     def succeed(self, held: Held, urgent: bool = False) -> None:
         """Queue the delete (``urgent``: send it now, with whatever else is queued).
 
-        After a lost lease the delete is still tried, reported as unsure.
+        After a lease that ran out here the delete is still tried (nobody may have taken
+        the message yet), reported as unsure; after SQS said the handle is gone, not.
         """
         self._queue(held, _Op(held, "delete", urgent=urgent), allow_lost=True)
 
@@ -194,6 +197,14 @@ class LeaseKeeper:
             ):
                 self.clock.wait(self._wake, deadline)
             return sum(h.state is State.SETTLING for h in held)
+
+    def flush(self) -> None:
+        """Send the queued deletes and returns now, without waiting to fill a batch."""
+        with self._wake:
+            if any(not op.urgent for op in self._ops):
+                for op in self._ops:
+                    op.urgent = True
+                self._wake.notify_all()
 
     def release(self, held: Held, seconds: float, reason: str, urgent: bool = False) -> None:
         """Return the message to the queue, visible again after ``seconds``."""
@@ -278,8 +289,10 @@ class LeaseKeeper:
             # pause), and the handler finished before the lease thread noticed: never
             # report such a message done.
             self._lapse(held, self.clock.monotonic())
-            if held.state is State.LOST and not allow_lost:
-                return  # SQS returns it by itself
+            if held.state is State.LOST and (not allow_lost or held.disowned):
+                if op.action == "delete":
+                    self.observer.delete_failed(held.message, _DISOWNED, False)
+                return  # SQS returns it by itself (a delete now would change nothing)
             if held.state is not State.LOST:
                 held.state = State.SETTLING
             held.outcome = op.action
@@ -343,13 +356,15 @@ class LeaseKeeper:
             return True
         return False
 
-    def _lose(self, held: Held, reason: str) -> None:
+    def _lose(self, held: Held, reason: str, disowned: bool = False) -> None:
         held.state = State.LOST
+        held.disowned = held.disowned or disowned
         self._held.pop(held.envelope.receipt_handle, None)
         self.observer.lease_lost(held.message, reason)
         self._wake.notify_all()  # an extend() waiting on this lease returns
 
     def _due(self, now: float) -> tuple[list[_Op], list[Held]]:
+        self._prune()
         ready = [op for op in self._ops if op.not_before <= now]
         flush = (
             any(op.urgent for op in ready)
@@ -364,6 +379,17 @@ class LeaseKeeper:
         if any(h.renew_at <= now for h in renewable):
             renewals = [h for h in renewable if h.renew_at <= now + h.timeout / 4]
         return ops, renewals
+
+    def _prune(self) -> None:
+        """Drop queued ops that can no longer help: a lost lease's return (SQS returns the
+        message by itself), and any op on a handle SQS said is gone."""
+        keep: list[_Op] = []
+        for op in self._ops:
+            if op.held.state is not State.LOST or (op.action == "delete" and not op.held.disowned):
+                keep.append(op)
+            elif op.action == "delete":
+                self.observer.delete_failed(op.held.message, _DISOWNED, False)
+        self._ops = keep
 
     def _renewable(self, settling_now: Sequence[_Op] = ()) -> list[Held]:
         """Held messages whose lease is ours to renew: not lost, not at the cap, not returning.
@@ -436,8 +462,10 @@ class LeaseKeeper:
             for index, op in enumerate(batch):
                 # Answered after the lease ran out: SQS may have handed the message to
                 # another consumer first, so a "successful" delete proves nothing.
-                self._lapse(op.held, answered)
                 failure = failures.get(str(index))
+                if failure is not None and failure.lease_lost:
+                    op.held.disowned = True
+                self._lapse(op.held, answered)
                 if failure is None:
                     done.append(op)
                     if op.held.state is not State.LOST:
@@ -445,14 +473,9 @@ class LeaseKeeper:
                     self._held.pop(op.held.envelope.receipt_handle, None)
                 elif failure.lease_lost:
                     if op.held.state is not State.LOST:
-                        self._lose(op.held, f"{failure.code}: {failure.message}")
+                        self._lose(op.held, f"{failure.code}: {failure.message}", disowned=True)
                     if op.action == "delete":
-                        self.observer.delete_failed(
-                            op.held.message,
-                            "the receipt handle no longer owns the message; it may be delivered "
-                            "again",
-                            False,
-                        )
+                        self.observer.delete_failed(op.held.message, _DISOWNED, False)
                 else:
                     lapsed = op.held.state is State.LOST
                     if not lapsed:
@@ -547,6 +570,8 @@ class LeaseKeeper:
             answered = self.clock.monotonic()
             for index, held in enumerate(batch):
                 failure = failures.get(str(index))
+                if failure is not None and failure.lease_lost:
+                    held.disowned = True  # even if its lease ran out here meanwhile
                 self._lapse(held, answered)
                 if held.state not in _LIVE:
                     continue
@@ -556,7 +581,7 @@ class LeaseKeeper:
                     held.renewals += 1
                     extended.append(held.message)
                 elif failure.lease_lost:
-                    self._lose(held, f"{failure.code}: {failure.message}")
+                    self._lose(held, f"{failure.code}: {failure.message}", disowned=True)
                 elif failure.past_cap:
                     held.renew_at = math.inf  # SQS says the cap is reached: it will come back
                     self.observer.lease_near_cap(held.message, held.seconds_left)
