@@ -22,7 +22,7 @@ from sqsworker.transports import OutgoingMessage, send_all
 from sqsworker.transports.sqs import SQSTransport
 
 ROOT = Path(__file__).resolve().parents[1]
-VISIBILITY = 2
+VISIBILITY = 3
 MAX_RECEIVES = 3
 WORKLOAD = {"normal": 20, "slow": 3, "flaky": 3, "poison": 2, "duplicate": 3}
 COPIES = 2  # each "duplicate" order is sent twice with one idempotency key, as a producer retry
@@ -140,7 +140,7 @@ def _summary(ledger: Path, dlq: SQSTransport, sent: int) -> None:
                 dead["malformed"] += 1
     notes = {
         "normal": "processed once, deleted",
-        "slow": "ran 5 s on a 2 s lease: renewed, never redelivered",
+        "slow": f"ran 5 s on a {VISIBILITY} s lease: renewed, never redelivered",
         "flaky": "failed once, retried after backoff, then succeeded",
         "poison": f"failed {MAX_RECEIVES} times, then moved to the dead-letter queue",
         "malformed": "body is not JSON: rejected straight to the dead-letter queue",

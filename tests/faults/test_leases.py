@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 def test_a_paused_worker_loses_its_lease_and_never_reports_the_message_done(
     scenario: Scenario, tmp_path: Path, report: Callable[[str], None]
 ) -> None:
-    options = ["--visibility-timeout", "2", "--log-format", "json"]
+    options = ["--visibility-timeout", "3", "--log-format", "json"]
     workers = [scenario.worker(*options), scenario.worker(*options)]
     logs = [tmp_path / "worker-0.log", tmp_path / "worker-1.log"]
     wait_until(lambda: all(serving_port(log) for log in logs), timeout=30, what="both up")
@@ -30,7 +30,7 @@ def test_a_paused_worker_loses_its_lease_and_never_reports_the_message_done(
     [(_, _, _, _, pid)] = [line for line in scenario.ledger.lines() if line[0] == "start"]
     paused = next(i for i, w in enumerate(workers) if w.pid == int(pid))
     stopped = time.monotonic()
-    os.kill(int(pid), signal.SIGSTOP)  # the lease (2 s) lapses: nothing renews it
+    os.kill(int(pid), signal.SIGSTOP)  # the lease (3 s) lapses: nothing renews it
     try:
         wait_until(
             lambda: len(scenario.ledger.count("done")) == 1, what="the other worker to finish it"
@@ -63,7 +63,7 @@ def test_a_paused_worker_loses_its_lease_and_never_reports_the_message_done(
     assert any(e.startswith("lease lost") for e in events)
     assert scenario.queue.counts().total == 0
     report(
-        f"lease fault: a worker stopped for {paused_for:.1f} s mid-handler (visibility 2 s); "
+        f"lease fault: a worker stopped for {paused_for:.1f} s mid-handler (visibility 3 s); "
         "the other worker processed the message; the paused one logged the lost lease and "
         "counted 0 deletes, 1 lease lost (its handler's effect ran twice: at least once, as "
         "documented)"

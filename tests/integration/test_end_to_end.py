@@ -20,11 +20,11 @@ pytestmark = pytest.mark.integration
 
 def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(scenario: Scenario) -> None:
     scenario.send("normal", 20)
-    scenario.send("slow", 4, sleep=6)  # three times the 2 s visibility timeout
+    scenario.send("slow", 4, sleep=7)  # over twice the 3 s visibility timeout
     scenario.send("fail", 2)
     options = [
         "--visibility-timeout",
-        "2",
+        "3",
         "--concurrency",
         "4",
         "--burst",
