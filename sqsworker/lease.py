@@ -169,6 +169,12 @@ class LeaseKeeper:
             held.state = State.RUNNING
             return True
 
+    def still_running(self, held: Held) -> bool:
+        """True if ``held`` is running on a lease that has not run out (checked now)."""
+        with self._lock:
+            self._lapse(held, self.clock.monotonic())
+            return held.state is State.RUNNING
+
     def defer(self, held: Held) -> None:
         """A running message goes back to waiting (its lease still kept), to begin again."""
         with self._lock:

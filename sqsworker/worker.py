@@ -383,6 +383,12 @@ class Worker:
             verdict = self._admit(held, started)
             if verdict is not Verdict.RUN:
                 return verdict is Verdict.BUSY
+            if not self.keeper.still_running(held):  # the claim took longer than the lease
+                self._release_claim(message)
+                self.observer.handler_skipped(
+                    message, "its lease ran out while its idempotency key was being claimed"
+                )
+                return False
         self.observer.handler_started(message)
         try:
             # Log lines of the handler's own (structlog or stdlib logging) carry these fields.

@@ -1,0 +1,242 @@
+"""A clock that runs the worker's real threads one at a time, in an order drawn from a seed.
+
+The worker starts every thread with ``Clock.spawn`` and blocks only in
+``Clock.wait`` (see sqsworker/clock.py). ``SimClock`` implements both: each
+spawned thread runs only while it holds the *turn*, and gives it back at its
+next wait. The scheduler (the test's thread) hands the turn out:
+
+- to a thread that has not run yet;
+- to the threads whose wait's deadline has come;
+- to the threads waiting on a condition that was notified (``install`` wraps
+  ``threading.Condition.notify`` to see it): a wake-up the code forgot to send
+  is never sent, so a thread that would hang on real threads hangs here too;
+- now and then, to a thread nobody woke: ``Clock.wait`` may return early, and
+  the code must cope.
+
+Each round runs the ready threads in an order drawn from the seed. When no
+thread is ready, the instant is over and time jumps to the next deadline. Only
+one thread ever runs, so a run is a function of the seed: a failure replays
+exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+WATCHDOG = 20.0  # real seconds a thread may run without giving the turn back
+MAX_ROUNDS = 500  # rounds at one instant before the run counts as a livelock
+SPURIOUS = 0.02  # the chance, per round, that a waiting thread is woken for nothing
+
+_active: SimClock | None = None  # the clock whose notifications are being watched
+_original_notify = threading.Condition.notify
+
+
+def _notify(cond: threading.Condition, n: int = 1) -> None:
+    if _active is not None:
+        _active.notified.add(id(cond))
+    _original_notify(cond, n)
+
+
+class SimAbort(BaseException):
+    """Raised in a simulated thread at teardown, so that it unwinds."""
+
+
+class SimStuck(AssertionError):
+    """A simulated thread blocked outside the clock, or the run cannot settle."""
+
+
+class SimTask:
+    """One simulated thread."""
+
+    def __init__(self, name: str, group: str) -> None:
+        self.name = name
+        self.group = group  # which simulated process it belongs to (crashed together)
+        self.finished = False
+        self.frozen = False  # its process crashed: never scheduled again
+        self.started = False
+        self.cond: object | None = None
+        self.deadline: float | None = None
+        self.thread: threading.Thread | None = None
+
+    def is_alive(self) -> bool:
+        return not self.finished
+
+    def key(self) -> tuple[int, float | None]:
+        return id(self.cond), self.deadline
+
+
+class SimClock:
+    def __init__(self, seed: int, start: float = 1_000_000.0) -> None:
+        self.rng = random.Random(seed)
+        self._now = start
+        self._wall_offset = 1_700_000_000.0
+        self._turn = threading.Condition(threading.Lock())
+        self._running: SimTask | None = None
+        self._local = threading.local()
+        self.tasks: list[SimTask] = []
+        self.group = "main"  # the group new tasks join; the simulator sets it per worker
+        self.notified: set[int] = set()  # ids of conditions notified since the last round
+        self.errors: list[tuple[str, BaseException, str]] = []  # threads that died
+        self._teardown = False
+
+    # -- the Clock protocol ------------------------------------------------------------
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def time(self) -> float:
+        return self._now + self._wall_offset
+
+    def spawn(self, name: str, target: Callable[[], object]) -> SimTask:
+        task = SimTask(name, self.group)
+        task.thread = threading.Thread(
+            target=self._body, args=(task, target), name=f"sim-{name}", daemon=True
+        )
+        self.tasks.append(task)
+        task.thread.start()
+        return task
+
+    def wait(self, cond: threading.Condition, deadline: float | None) -> None:
+        task = self.current()
+        if self._teardown:
+            raise SimAbort
+        if deadline is not None and deadline <= self._now:
+            return  # the deadline has come: no wait, as with any clock
+        task.cond, task.deadline = cond, deadline
+        saved = cond._release_save()  # type: ignore[attr-defined]
+        try:
+            self._park(task)
+        finally:
+            cond._acquire_restore(saved)  # type: ignore[attr-defined]
+
+    # -- for simulated work ------------------------------------------------------------
+
+    def sleep(self, seconds: float) -> None:
+        """Take ``seconds`` of simulated time on the calling simulated thread."""
+        until = self._now + seconds
+        cond = threading.Condition()
+        with cond:
+            while self._now < until:
+                self.wait(cond, until)
+
+    def current(self) -> SimTask:
+        task: SimTask | None = getattr(self._local, "task", None)
+        if task is None:
+            raise SimStuck(f"a wait on the simulated clock from {threading.current_thread().name}")
+        return task
+
+    def in_task(self) -> bool:
+        return getattr(self._local, "task", None) is not None
+
+    # -- the simulated threads' side ---------------------------------------------------
+
+    def _body(self, task: SimTask, target: Callable[[], object]) -> None:
+        self._local.task = task
+        with self._turn:
+            while self._running is not task:
+                self._turn.wait()
+        task.started = True
+        try:
+            if not self._teardown:
+                target()
+        except SimAbort:
+            pass
+        except BaseException as exc:
+            self.errors.append((task.name, exc, traceback.format_exc()))
+        finally:
+            task.finished = True
+            with self._turn:
+                self._running = None
+                self._turn.notify_all()
+
+    def _park(self, task: SimTask) -> None:
+        with self._turn:
+            self._running = None
+            self._turn.notify_all()
+            while self._running is not task:
+                self._turn.wait()
+        if self._teardown:
+            raise SimAbort
+
+    # -- the scheduler's side ----------------------------------------------------------
+
+    def install(self) -> None:
+        """Watch ``notify`` on every condition (one simulation at a time)."""
+        global _active
+        _active = self
+        threading.Condition.notify = _notify  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        global _active
+        _active = None
+        threading.Condition.notify = _original_notify  # type: ignore[method-assign]
+
+    def live(self) -> list[SimTask]:
+        return [t for t in self.tasks if not t.finished and not t.frozen]
+
+    def _run(self, task: SimTask) -> None:
+        """Give ``task`` the turn until it waits again or ends."""
+        with self._turn:
+            self._running = task
+            self._turn.notify_all()
+            give_up = time.monotonic() + WATCHDOG
+            while self._running is not None:
+                if not self._turn.wait(max(0.0, give_up - time.monotonic())):
+                    raise SimStuck(f"{task.name} blocked outside the clock:\n{_stack(task)}")
+
+    def _ready(self, task: SimTask) -> bool:
+        if not task.started or id(task.cond) in self.notified:
+            return True
+        if task.deadline is not None and task.deadline <= self._now:
+            return True
+        return self.rng.random() < SPURIOUS
+
+    def settle(self) -> None:
+        """Run the ready threads, round after round, until none is ready at this instant."""
+        for _ in range(MAX_ROUNDS):
+            ready = [t for t in self.live() if self._ready(t)]
+            if not ready:
+                return
+            self.notified.clear()
+            self.rng.shuffle(ready)
+            for task in ready:
+                if not task.finished and not task.frozen:
+                    self._run(task)
+        raise SimStuck(f"threads still ready after {MAX_ROUNDS} rounds at t={self._now}")
+
+    def next_deadline(self) -> float | None:
+        deadlines = [t.deadline for t in self.live() if t.deadline is not None]
+        return min(deadlines) if deadlines else None
+
+    def advance_to(self, moment: float) -> None:
+        self._now = max(self._now, moment)
+
+    def freeze(self, group: str) -> None:
+        """A crash: the group's threads never run again (their messages stay in flight)."""
+        for task in self.tasks:
+            if task.group == group:
+                task.frozen = True
+
+    def teardown(self) -> None:
+        """Unwind every thread (``SimAbort`` from its wait) and join it."""
+        self._teardown = True
+        for _ in range(20):
+            pending = [t for t in self.tasks if not t.finished]
+            if not pending:
+                break
+            for task in pending:
+                self._run(task)
+        for task in self.tasks:
+            if task.thread is not None:
+                task.thread.join(5)
+
+
+def _stack(task: SimTask) -> str:
+    thread = task.thread
+    frame = sys._current_frames().get(thread.ident) if thread and thread.ident else None
+    return "".join(traceback.format_stack(frame)) if frame else "(no frame)"

@@ -1,0 +1,875 @@
+"""The fault simulator: real workers, the in-memory SQS, faults and time, all from one seed.
+
+``simulate(seed)`` draws a schedule (queue kind, worker options, messages and what
+their handlers do, faults per SQS action, outages, SIGTERMs and crashes), runs it
+on ``SimClock`` (one thread at a time, see scheduler.py), and checks the
+invariants after every step. It returns the violations found; the same seed
+replays the same run.
+
+The invariants (docs/delivery.md states the promise they check):
+- a handler starts only on a message whose SQS lease is this receive's and alive;
+- a message is reported deleted only if SQS no longer holds it;
+- a worker holds at most concurrency + prefetch messages;
+- every message ends deleted after its handler succeeded, in the dead-letter queue
+  for a reason the worker reported, or in the queue: never lost;
+- no thread waits forever: lease.extend() returns within a lease, shutdown within
+  its timeout plus a receive, every thread of a stopped worker ends, the queue drains;
+- two handlers of one idempotency key never overlap while the first one's lease lives;
+- no simulated thread dies of an exception;
+- after a clean shutdown no message received by that worker is invisible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqsworker import Backoff, Message, Reject, Retry, Worker, WorkerConfig
+from sqsworker.errors import ConfigError, LeaseLost, StoreError, TransportError
+from sqsworker.events import Observer, Observers
+from sqsworker.stores import Lease, Record
+from sqsworker.stores.memory import MemoryStore
+from sqsworker.transports import (
+    BatchResult,
+    EntryFailure,
+    Envelope,
+    OutgoingMessage,
+    QueueCounts,
+    QueueInfo,
+    send_all,
+)
+from sqsworker.transports.memory import MemorySQS, MemoryTransport
+
+from .scheduler import SimClock, SimStuck
+
+READ_TIMEOUT_EXTRA = 10  # the boto3 client's read timeout is the wait time plus this
+TRANSIENT = ("InternalError", "ServiceUnavailable", "RequestThrottled")
+EVERY_ACTION = frozenset(
+    {"ReceiveMessage", "DeleteMessageBatch", "ChangeMessageVisibilityBatch", "GetQueueAttributes"}
+)
+OUTAGES = (  # what an outage takes down: everything, or one action alone
+    EVERY_ACTION,
+    frozenset({"DeleteMessageBatch"}),
+    frozenset({"ChangeMessageVisibilityBatch"}),
+    frozenset({"DeleteMessageBatch", "ChangeMessageVisibilityBatch"}),  # receives still work
+)
+
+
+# -- what a schedule is made of -----------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What a message's handler does on each attempt."""
+
+    kind: str  # healthy, flaky, poison, reject, exit, retry
+    durations: list[float]
+    extend: int | None = None  # lease.extend(seconds) halfway through, when set
+
+    @property
+    def healthy(self) -> bool:
+        return self.kind == "healthy"
+
+    def outcome(self, attempt: int) -> str:
+        if self.kind == "healthy":
+            return "ok"
+        if self.kind == "poison":
+            return "raise"
+        if self.kind == "reject":
+            return "reject"
+        # flaky, exit, retry: the first attempt fails that way, the next ones succeed
+        return (
+            {"flaky": "raise", "exit": "exit", "retry": "retry"}[self.kind]
+            if attempt == 1
+            else "ok"
+        )
+
+
+@dataclass
+class Faults:
+    error_rate: dict[str, float]  # per action
+    latency: float  # the longest latency of a call
+    hang_rate: float  # receives that hang to the read timeout
+    outages: list[tuple[float, float, frozenset[str]]]  # (start, end, actions): calls fail
+    fatal_rate: float  # non-retryable errors (AccessDenied)
+    entry_rate: float  # single entries of a batch failing
+    store_latency: float = 0.0  # the longest time an idempotency store call takes
+    store_error_rate: float = 0.0  # store calls failing (before or after the store acted)
+    on: bool = True
+
+    @property
+    def none(self) -> bool:
+        return self.latency <= 0.05 and not (
+            any(self.error_rate.values())
+            or self.hang_rate
+            or self.outages
+            or self.fatal_rate
+            or self.entry_rate
+            or self.store_latency > 0.05
+            or self.store_error_rate
+        )
+
+
+@dataclass
+class Schedule:
+    seed: int
+    fifo: bool
+    config: dict[str, Any]
+    max_receive_count: int
+    plans: dict[int, Plan]
+    sends: list[tuple[float, list[int]]]  # (at, message numbers)
+    faults: Faults
+    stops: list[tuple[float, int]]  # (at, worker index): SIGTERM
+    crashes: list[tuple[float, int]]
+    workers: int
+    horizon: float
+    keyed: bool = False  # messages carry idempotency keys; the workers share a store
+    copies: set[int] = field(default_factory=set)  # sent twice under one key
+
+    @property
+    def calm(self) -> bool:
+        """No fault, no stop, no crash: then no lease may be lost."""
+        return self.faults.none and not self.stops and not self.crashes
+
+    def describe(self) -> str:
+        kinds = defaultdict(int)
+        for plan in self.plans.values():
+            kinds[plan.kind] += 1
+        return (
+            f"seed {self.seed}: {'FIFO' if self.fifo else 'standard'}, {self.workers} worker(s), "
+            f"{dict(self.config)}, maxReceiveCount {self.max_receive_count}, "
+            f"messages {dict(kinds)}, faults {self.faults}, stops {self.stops}, "
+            f"crashes {self.crashes}, idempotency keys {self.keyed}, copies {sorted(self.copies)}"
+        )
+
+
+def draw(seed: int) -> Schedule:
+    rng = random.Random(seed)
+    wait = rng.choice([0, 0, 1, 5, 20])
+    # Some combinations cannot work (a lease shorter than a long poll): the worker
+    # must refuse them at start.
+    visibility = wait + rng.choice([0, 1, 2, 3, 3, 5, 10, 30])
+    marathon = rng.random() < 0.03  # a handler past SQS's 12-hour cap
+    if marathon:
+        wait, visibility = 20, 3600
+    config = {
+        "queue": "jobs",
+        "visibility_timeout": visibility,
+        "wait_time": wait,
+        "concurrency": rng.randint(1, 3),
+        "prefetch": rng.randint(0, 3),
+        "delete_interval": rng.choice([0.0, 0.2, 1.0]),
+        "shutdown_timeout": float(rng.choice([5, 20, 60])),
+        "backoff_base": 1.0,
+        "backoff_max": 10.0,
+    }
+    count = rng.randint(1, 12)
+    plans: dict[int, Plan] = {}
+    for n in range(count):
+        kind = rng.choices(
+            ["healthy", "flaky", "poison", "reject", "exit", "retry"], [12, 2, 1, 1, 1, 1]
+        )[0]
+        durations = [_duration(rng, visibility) for _ in range(8)]
+        extend = rng.choice([None, None, None, visibility, 2 * visibility])
+        if marathon and n == 0:
+            kind, durations, extend = "healthy", [45_000.0] * 8, visibility
+        plans[n] = Plan(kind, durations, extend)
+    horizon = rng.choice([30.0, 60.0, 4 * visibility])
+    numbers = list(plans)
+    sends: list[tuple[float, list[int]]] = []
+    while numbers:
+        batch = numbers[: rng.randint(1, 5)]
+        numbers = numbers[len(batch) :]
+        sends.append((rng.uniform(0, horizon / 2), batch))
+    keyed = rng.random() < 0.35
+    copies = {n for n in plans if keyed and rng.random() < 0.4}
+    for n in sorted(copies):  # a producer's retry: the same body and key, sent again later
+        first = next(at for at, numbers in sends if n in numbers)
+        sends.append((rng.uniform(first, first + 2 * visibility), [n]))
+    sends.sort(key=lambda s: s[0])
+    faulty = rng.random() < 0.7
+    faults = Faults(
+        error_rate={
+            action: (rng.choice([0.0, 0.05, 0.2]) if faulty else 0.0)
+            for action in ("ReceiveMessage", "DeleteMessageBatch", "ChangeMessageVisibilityBatch")
+        },
+        latency=rng.choice([0.02, 0.5, 2.0]) if faulty else 0.02,
+        hang_rate=rng.choice([0.0, 0.0, 0.1]) if faulty else 0.0,
+        outages=[
+            (start, start + rng.uniform(1, 2.5 * visibility), rng.choice(OUTAGES))
+            for start in sorted(rng.uniform(0, horizon) for _ in range(rng.choice([0, 0, 1, 2])))
+        ]
+        if faulty
+        else [],
+        fatal_rate=rng.choice([0.0, 0.0, 0.02]) if faulty else 0.0,
+        entry_rate=rng.choice([0.0, 0.05]) if faulty else 0.0,
+        store_latency=rng.choice([0.0, 0.5, 3.0]) if faulty and keyed else 0.0,
+        store_error_rate=rng.choice([0.0, 0.0, 0.05, 0.2]) if faulty and keyed else 0.0,
+    )
+    workers = rng.choice([1, 1, 2])
+    stops = [(rng.uniform(0, horizon), w) for w in range(workers) if rng.random() < 0.4]
+    crashes = [
+        (rng.uniform(0, horizon), w)
+        for w in range(workers)
+        if rng.random() < 0.15 and w not in {s[1] for s in stops}
+    ]
+    return Schedule(
+        seed=seed,
+        fifo=rng.random() < 0.3,
+        config=config,
+        max_receive_count=rng.choice([3, 5]),
+        plans=plans,
+        sends=sends,
+        faults=faults,
+        stops=stops,
+        crashes=crashes,
+        workers=workers,
+        horizon=horizon,
+        keyed=keyed,
+        copies=copies,
+    )
+
+
+def _duration(rng: random.Random, visibility: int) -> float:
+    return rng.choices(
+        [0.0, rng.uniform(0, 2), rng.uniform(0.3, 3) * visibility, rng.uniform(4, 6) * visibility],
+        [3, 4, 2, 1],
+    )[0]
+
+
+# -- the simulated parts ------------------------------------------------------------------
+
+
+class SimTransport:
+    """The in-memory SQS seen through a faulty network, one attempt per call."""
+
+    def __init__(self, inner: MemoryTransport, world: World) -> None:
+        self.inner = inner
+        self.world = world
+        self.info: QueueInfo = inner.info
+        self.requests = inner.requests
+        self.request_errors = inner.request_errors
+
+    def _fault(self, action: str) -> TransportError | None:
+        faults, clock = self.world.faults, self.world.clock
+        if not faults.on:
+            return None
+        now = clock.monotonic() - self.world.start
+        if any(start <= now < end and action in down for start, end, down in faults.outages):
+            return TransportError(
+                f"{action}: ServiceUnavailable", code="ServiceUnavailable", retryable=True
+            )
+        rng = clock.rng
+        if rng.random() < faults.fatal_rate:
+            return TransportError(f"{action}: AccessDenied", code="AccessDenied", retryable=False)
+        if rng.random() < faults.error_rate.get(action, 0.0):
+            code = rng.choice(TRANSIENT)
+            return TransportError(f"{action}: {code}", code=code, retryable=True)
+        return None
+
+    def _latency(self) -> float:
+        faults = self.world.faults
+        if not faults.on:
+            return 0.02
+        return self.world.clock.rng.choice([0.02, 0.02, faults.latency])
+
+    def _call(self, action: str, act: Callable[[], Any]) -> Any:
+        """One attempt: latency, the server acting, and maybe an error before or after."""
+        clock = self.world.clock
+        fault = self._fault(action)
+        latency = self._latency()
+        acted_first = clock.rng.random() < 0.5  # a fault after the server acted: answer lost
+        if fault is not None and not acted_first:
+            clock.sleep(latency)
+            raise fault
+        clock.sleep(latency / 2)
+        result = act()
+        clock.sleep(latency / 2)
+        if fault is not None:
+            if action == "ReceiveMessage":  # received, never seen: a receive spent
+                for envelope in result:
+                    self.world.trouble[json.loads(envelope.body)["n"]].add("answer lost")
+            raise fault
+        return result
+
+    def receive(
+        self,
+        max_messages: int,
+        wait_seconds: int,
+        visibility_timeout: int,
+        attempt_id: str | None = None,
+    ) -> list[Envelope]:
+        clock, faults = self.world.clock, self.world.faults
+        if faults.on and clock.rng.random() < faults.hang_rate:
+            clock.sleep(wait_seconds + READ_TIMEOUT_EXTRA)
+            raise TransportError(
+                "ReceiveMessage: read timeout", code="ConnectionError", retryable=True
+            )
+        got: list[Envelope] = self._call(
+            "ReceiveMessage",
+            lambda: self.inner.receive(max_messages, wait_seconds, visibility_timeout, attempt_id),
+        )
+        return got
+
+    def _batch(
+        self, action: str, entries: Sequence[Any], send: Callable[[Sequence[Any]], BatchResult]
+    ) -> BatchResult:
+        faults, rng = self.world.faults, self.world.clock.rng
+        failing = {e[0] for e in entries if faults.on and rng.random() < faults.entry_rate}
+
+        gone = self.world.gone_handles
+        for entry in entries:
+            if entry[1] in gone:
+                self.world.violation(f"{action} again for a receipt handle SQS said was gone")
+
+        def act() -> BatchResult:
+            passed = [e for e in entries if e[0] not in failing]
+            if action == "DeleteMessageBatch":  # a stale handle's delete deletes nothing
+                world = self.world
+                for _, handle in passed:
+                    message_id = world.handle_ids.get(handle, "")
+                    state = world.sqs_state(message_id)
+                    if state is not None and state[0] == handle:
+                        world.deleted_by[message_id] = handle
+                    elif world.deleted_by.get(message_id) != handle:  # not this receive's
+                        world.stale_deletes.add(handle)
+            result = send(passed) if passed else BatchResult()
+            for entry_id in sorted(failing):
+                result.failed.append(EntryFailure(entry_id, "InternalError", "try again", False))
+            return result
+
+        result: BatchResult = self._call(action, act)
+        handles = {e[0]: e[1] for e in entries}
+        gone.update(handles[f.id] for f in result.failed if f.lease_lost)  # the worker saw it
+        return result
+
+    def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        return self._batch("DeleteMessageBatch", entries, self.inner.delete_batch)
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        return self._batch(
+            "ChangeMessageVisibilityBatch", entries, self.inner.change_visibility_batch
+        )
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        result: BatchResult = self._call(
+            "SendMessageBatch", lambda: self.inner.send_batch(messages)
+        )
+        return result
+
+    def counts(self) -> QueueCounts:
+        counts: QueueCounts = self._call("GetQueueAttributes", self.inner.counts)
+        return counts
+
+    def open(self, queue: str) -> SimTransport:
+        return SimTransport(self.inner.open(queue), self.world)
+
+    def close(self) -> None:
+        pass
+
+
+class SimStore:
+    """The idempotency store the workers share: a ``MemoryStore`` behind delays and errors.
+
+    An error may come before the store acted or after (the answer lost)."""
+
+    def __init__(self, world: World) -> None:
+        self.inner = MemoryStore()
+        self.world = world
+
+    def _call(self, operation: str, act: Callable[[], Any]) -> Any:
+        faults, clock = self.world.faults, self.world.clock
+        if not faults.on:
+            return act()
+        clock.sleep(clock.rng.choice([0.0, 0.01, faults.store_latency]))
+        failing = clock.rng.random() < faults.store_error_rate
+        if failing and clock.rng.random() < 0.5:
+            raise StoreError(f"store {operation}: unavailable")
+        result = act()
+        if failing:
+            raise StoreError(f"store {operation}: connection reset after the write")
+        return result
+
+    def claim(
+        self, key: str, owner: str, digest: str, expires_at: float, now: float
+    ) -> Record | None:
+        record: Record | None = self._call(
+            "claim", lambda: self.inner.claim(key, owner, digest, expires_at, now)
+        )
+        return record
+
+    def renew(self, leases: Sequence[Lease]) -> list[str]:
+        lost: list[str] = self._call("renew", lambda: self.inner.renew(leases))
+        return lost
+
+    def complete(self, key: str, owner: str, digest: str, expires_at: float, now: float) -> bool:
+        done: bool = self._call(
+            "complete", lambda: self.inner.complete(key, owner, digest, expires_at, now)
+        )
+        return done
+
+    def release(self, key: str, owner: str) -> None:
+        self._call("release", lambda: self.inner.release(key, owner))
+
+    def close(self) -> None:
+        pass
+
+
+class Recorder(Observer):
+    """One worker's events, checked against SQS's state as they happen."""
+
+    def __init__(self, world: World, index: int) -> None:
+        self.world = world
+        self.index = index
+        self.handles: set[str] = set()
+        self.lost: set[str] = set()
+        self.near_cap: set[str] = set()  # at SQS's 12-hour cap: the lease must end
+
+    def lease_near_cap(self, message: Message, seconds_left: float) -> None:
+        self.near_cap.add(message.receipt_handle)
+
+    def received(self, messages: Sequence[Message]) -> None:
+        self.handles.update(m.receipt_handle for m in messages)
+        self.world.handle_ids.update((m.receipt_handle, m.message_id) for m in messages)
+
+    def handler_started(self, message: Message) -> None:
+        state = self.world.sqs_state(message.message_id)
+        if state is None or state[0] != message.receipt_handle:
+            self.world.violation(
+                f"a handler started on {_n(message)} whose receipt handle is stale"
+            )
+        elif state[1] <= self.world.clock.monotonic():
+            self.world.violation(f"a handler started on {_n(message)} whose SQS lease ran out")
+
+    def deleted(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            if message.receipt_handle in self.world.stale_deletes:
+                self.world.violation(
+                    f"{_n(message)} was reported deleted, but its delete named a stale receipt "
+                    "handle: SQS deleted nothing"
+                )
+            elif self.world.sqs_state(message.message_id) is not None:
+                self.world.violation(f"{_n(message)} was reported deleted, but SQS still holds it")
+
+    def _trouble(self, message: Message, what: str) -> None:
+        self.world.trouble[_number(message)].add(what)
+
+    def handler_failed(
+        self,
+        message: Message,
+        error: BaseException,
+        duration: float,
+        retry_in: float,
+        last_attempt: bool,
+    ) -> None:
+        self._trouble(message, "failed")
+
+    def handler_rejected(
+        self, message: Message, error: BaseException, duration: float, dead_letter: str | None
+    ) -> None:
+        self._trouble(message, "rejected")
+
+    def handler_skipped(self, message: Message, reason: str) -> None:
+        self._trouble(message, "skipped")
+        if self.world.schedule.calm and message.receipt_handle not in self.near_cap:
+            self.world.violation(f"{_n(message)} was skipped with no fault injected: {reason}")
+
+    def lease_lost(self, message: Message, reason: str) -> None:
+        self._trouble(message, "lease lost")
+        if self.world.schedule.calm and message.receipt_handle not in self.near_cap:
+            self.world.violation(f"{_n(message)} lost its lease with no fault injected: {reason}")
+        self.lost.add(message.receipt_handle)  # SQS's to return now, at its own timeout
+
+    def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
+        self._trouble(message, "delete failed")
+
+    def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
+        now = self.world.clock.monotonic()
+        for message in messages:
+            self.world.trouble[_number(message)].add(f"returned: {reason}")
+            self.world.returned_until[message.receipt_handle] = now + delay
+
+    def handler_succeeded(self, message: Message, duration: float) -> None:
+        self.world.succeeded.add(_number(message))
+
+    def duplicate_suppressed(self, message: Message) -> None:
+        self.world.succeeded.add(_number(message))
+
+
+class Trace(Observer):
+    """Every event of every worker, with its time: what a failing seed prints."""
+
+    def __init__(self, world: World, index: int) -> None:
+        for name in [n for n in vars(Observer) if not n.startswith("_")]:
+            setattr(self, name, self._note(world, index, name))
+
+    @staticmethod
+    def _note(world: World, index: int, name: str) -> Callable[..., None]:
+        def note(*args: Any) -> None:
+            shown = ", ".join(_show(a) for a in args)
+            world.trace.append(
+                f"{world.clock.monotonic() - world.start:8.2f} w{index} {name}({shown})"
+            )
+
+        return note
+
+
+def _show(value: object) -> str:
+    if isinstance(value, Message):
+        return _n(value)
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], Message):
+        return "[" + ", ".join(_n(m) for m in value) + "]"
+    text = repr(value)
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+def _number(message: Message) -> int:
+    return int(json.loads(message.body)["n"])
+
+
+def _n(message: Message) -> str:
+    return f"message {_number(message)} (receive {message.receive_count})"
+
+
+# -- the world ----------------------------------------------------------------------------
+
+
+@dataclass
+class Running:
+    worker: Worker
+    recorder: Recorder
+    group: str
+    stopped_at: float | None = None
+    shutdown_result: list[int] = field(default_factory=list)
+    crashed: bool = False
+    checked: bool = False  # its state after shutdown was checked
+
+
+class World:
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        self.clock = SimClock(schedule.seed)
+        self.start = self.clock.monotonic()
+        self.faults = schedule.faults
+        try:
+            self.memory = MemorySQS(self.clock, seed=schedule.seed)  # type: ignore[call-arg]
+        except TypeError:
+            self.memory = MemorySQS(self.clock)
+        name = "jobs.fifo" if schedule.fifo else "jobs"
+        attributes = {"FifoQueue": "true"} if schedule.fifo else {}
+        self.memory.create_queue_with_dlq(name, schedule.max_receive_count, **attributes)
+        self.queue_name = name
+        self.dlq_name = name.removesuffix(".fifo") + "-dlq" + (".fifo" if schedule.fifo else "")
+        self.violations: list[str] = []
+        self.trouble: defaultdict[int, set[str]] = defaultdict(set)
+        self.succeeded: set[int] = set()
+        self.attempts: defaultdict[int, int] = defaultdict(int)
+        self.workers: list[Running] = []
+        self.trace: list[str] = []
+        self.returned_until: dict[str, float] = {}  # receipt handle -> hidden until, as asked
+        self.gone_handles: set[str] = set()  # handles SQS answered as no longer owning a message
+        self.store = SimStore(self) if schedule.keyed else None
+        self.running_keys: defaultdict[int, list[Message]] = defaultdict(list)
+        self.sent: defaultdict[int, int] = defaultdict(int)  # copies sent of each message
+        self.stale_deletes: set[str] = set()  # handles a delete named after a newer receive
+        self.handle_ids: dict[str, str] = {}  # receipt handle -> message id, as received
+        self.deleted_by: dict[str, str] = {}  # message id -> the handle whose delete removed it
+
+    # -- SQS's side, read directly ---------------------------------------------------
+
+    def sqs_state(self, message_id: str) -> tuple[str | None, float] | None:
+        """(current receipt handle, visible at) of a message the queue holds, else None."""
+        message = self.memory._queues[self.queue_name].messages.get(message_id)
+        if message is None:
+            return None
+        return message.handle, message.visible_at
+
+    def violation(self, text: str) -> None:
+        self.violations.append(f"t={self.clock.monotonic() - self.start:.2f}: {text}")
+
+    # -- the handler -------------------------------------------------------------------
+
+    def handler(self, message: Message) -> None:
+        number = _number(message)
+        if self.store is not None:
+            self._check_no_overlap(message)
+            self.running_keys[number].append(message)
+            try:
+                self._handle(message)
+            finally:
+                self.running_keys[number].remove(message)
+        else:
+            self._handle(message)
+
+    def _check_no_overlap(self, message: Message) -> None:
+        """Two handlers of one key never overlap while the first one's SQS lease lives."""
+        now = self.clock.monotonic()
+        for other in self.running_keys[_number(message)]:
+            state = self.sqs_state(other.message_id)
+            if state is not None and state[0] == other.receipt_handle and state[1] > now:
+                self.violation(
+                    f"{_n(message)} started while {_n(other)} of the same idempotency key "
+                    "runs on a live lease"
+                )
+
+    def _handle(self, message: Message) -> None:
+        number = _number(message)
+        plan = self.schedule.plans[number]
+        self.attempts[number] += 1
+        attempt = self.attempts[number]
+        duration = plan.durations[min(attempt, len(plan.durations)) - 1]
+        clock = self.clock
+        if plan.extend is not None:
+            clock.sleep(duration / 2)
+            asked = clock.monotonic()
+            with contextlib.suppress(LeaseLost):
+                message.lease.extend(plan.extend)
+            took = clock.monotonic() - asked
+            bound = self.schedule.config["visibility_timeout"] + 4 * self.faults.latency + 2
+            if took > bound:
+                self.violation(f"lease.extend() on {_n(message)} took {took:.1f} s")
+            clock.sleep(duration / 2)
+        else:
+            clock.sleep(duration)
+        outcome = plan.outcome(attempt)
+        if outcome == "raise":
+            raise RuntimeError("the handler failed")
+        if outcome == "reject":
+            raise Reject("a poison message")
+        if outcome == "exit":
+            raise SystemExit(3)
+        if outcome == "retry":
+            raise Retry(delay=2)
+
+    # -- workers -----------------------------------------------------------------------
+
+    def start_worker(self) -> Running | None:
+        index = len(self.workers)
+        options = dict(self.schedule.config, queue=self.queue_name)
+        try:
+            config = WorkerConfig(**options)
+        except ConfigError:
+            return None
+        recorder = Recorder(self, index)
+        worker = Worker(
+            self.handler,
+            config,
+            transport=SimTransport(self.memory.transport(self.queue_name), self),
+            clock=self.clock,
+            observer=Observers([recorder, Trace(self, index)]),
+            idempotency_store=self.store,
+            backoff=Backoff(
+                config.backoff_base, config.backoff_max, random.Random(self.schedule.seed + index)
+            ),
+        )
+        group = f"worker-{index}"
+        self.clock.group = group
+        worker.start()
+        self.clock.group = "main"
+        running = Running(worker, recorder, group)
+        self.workers.append(running)
+        return running
+
+    def stop_worker(self, running: Running) -> None:
+        if running.stopped_at is not None or running.crashed:
+            return
+        running.stopped_at = self.clock.monotonic()
+        running.worker.request_stop()
+        self.clock.group = running.group
+        self.clock.spawn(
+            "shutdown", lambda: running.shutdown_result.append(running.worker.shutdown())
+        )
+        self.clock.group = "main"
+
+    def crash_worker(self, running: Running) -> None:
+        if running.stopped_at is not None or running.crashed:
+            return
+        running.crashed = True
+        self.clock.freeze(running.group)
+
+    # -- running -----------------------------------------------------------------------
+
+    def run_until(self, moment: float) -> None:
+        clock = self.clock
+        while True:
+            clock.settle()
+            self.check()
+            nxt = clock.next_deadline()
+            if nxt is None or nxt > moment:
+                clock.advance_to(moment)
+                clock.settle()
+                self.check()
+                return
+            if nxt <= clock.monotonic():
+                nxt = clock.monotonic()  # a wait whose deadline has passed: run it now
+            clock.advance_to(nxt)
+
+    def act(self, action: Callable[[], object]) -> None:
+        action()
+        self.clock.settle()
+        self.check()
+
+    def check(self) -> None:
+        now = self.clock.monotonic()
+        for running in self.workers:
+            worker = running.worker
+            if running.crashed or worker.keeper is None:
+                continue
+            held = worker.keeper.held_count()
+            if held > worker.capacity:
+                self.violation(f"worker {running.recorder.index} holds {held} > {worker.capacity}")
+            if running.stopped_at is not None and not running.shutdown_result:
+                config = worker.config
+                bound = (
+                    config.shutdown_timeout
+                    + config.wait_time
+                    + READ_TIMEOUT_EXTRA
+                    + 10
+                    + 8 * self.faults.latency
+                )
+                if now - running.stopped_at > bound:
+                    self.violation(
+                        f"worker {running.recorder.index}'s shutdown took over {bound:.0f} s"
+                    )
+                    running.stopped_at = now  # report once
+            if running.shutdown_result and not running.checked:
+                running.checked = True
+                self._check_nothing_stranded(running)
+        for name, _, trace in self.clock.errors:
+            self.violation(f"thread {name} died: {trace}")
+        self.clock.errors.clear()
+
+    def _check_nothing_stranded(self, running: Running) -> None:
+        """After a clean shutdown no message this worker received is still invisible."""
+        if running.shutdown_result != [0]:
+            return
+        now = self.clock.monotonic()
+        for message in self.memory._queues[self.queue_name].messages.values():
+            asked = self.returned_until.get(message.handle or "", now)
+            ours = message.handle in running.recorder.handles - running.recorder.lost
+            if ours and message.visible_at > asked:
+                body = json.loads(message.body)["n"]
+                self.violation(
+                    f"message {body} is invisible after worker {running.recorder.index}'s clean "
+                    "shutdown"
+                )
+
+    def send(self, numbers: list[int]) -> None:
+        queue = self.memory.transport(self.queue_name)
+        outgoing = []
+        for n in numbers:
+            self.sent[n] += 1
+            key = {"idempotency-key": {"DataType": "String", "StringValue": f"key-{n}"}}
+            outgoing.append(
+                OutgoingMessage(
+                    json.dumps({"n": n}),
+                    key if self.schedule.keyed else {},
+                    group_id=f"g{n % 3}" if self.schedule.fifo else None,
+                    deduplication_id=f"{n}-{self.sent[n]}" if self.schedule.fifo else None,
+                )
+            )
+        send_all(queue, outgoing)
+
+    def counts(self, name: str) -> QueueCounts:
+        return self.memory.counts(name)
+
+    def dead_lettered(self) -> set[int]:
+        messages = self.memory._queues[self.dlq_name].messages.values()
+        return {int(json.loads(m.body)["n"]) for m in messages}
+
+
+def simulate(seed: int) -> tuple[Schedule, list[str]]:
+    """Run the schedule of ``seed``; return it and the violations found."""
+    world = World(draw(seed))
+    run_world(world)
+    return world.schedule, world.violations
+
+
+def run_world(world: World) -> None:
+    world.clock.install()
+    try:
+        _run(world)
+    except SimStuck as exc:  # a thread spun or blocked outside the clock: it would hang
+        world.violation(str(exc).splitlines()[0])
+    finally:
+        world.clock.teardown()
+        world.clock.uninstall()
+
+
+def _run(world: World) -> None:
+    schedule = world.schedule
+    for _ in range(schedule.workers):
+        if world.start_worker() is None:
+            return  # refused at start: the option combination cannot work
+    events: list[tuple[float, int, Callable[[], object]]] = []
+    for order, (at, numbers) in enumerate(schedule.sends):
+        events.append((at, order, lambda numbers=numbers: world.send(numbers)))
+    for at, index in schedule.stops:
+        events.append(
+            (at, 1000 + index, lambda index=index: world.stop_worker(world.workers[index]))
+        )
+    for at, index in schedule.crashes:
+        events.append(
+            (at, 2000 + index, lambda index=index: world.crash_worker(world.workers[index]))
+        )
+    events.sort(key=lambda e: (e[0], e[1]))
+    for at, _, action in events:
+        world.run_until(world.start + at)
+        world.act(action)
+        if world.violations:
+            return
+    world.run_until(world.start + schedule.horizon)
+    if world.violations:
+        return
+    _drain(world)
+
+
+def _drain(world: World) -> None:
+    """Faults off; keep one worker alive until the queue is empty, then stop every worker."""
+    schedule, clock = world.schedule, world.clock
+    world.faults.on = False
+    if not any(r.stopped_at is None and not r.crashed for r in world.workers):
+        world.act(world.start_worker)
+    visibility = schedule.config["visibility_timeout"]
+    work = sum(max(p.durations) + visibility + 15 for p in schedule.plans.values())
+    limit = clock.monotonic() + schedule.max_receive_count * work + 120
+    while world.counts(world.queue_name).total and clock.monotonic() < limit:
+        world.run_until(min(limit, clock.monotonic() + 5))
+        if world.violations:
+            return
+    if world.counts(world.queue_name).total:
+        world.violation(f"the queue did not drain: {world.counts(world.queue_name)}")
+        return
+    for running in world.workers:
+        world.act(lambda running=running: world.stop_worker(running))
+    world.run_until(clock.monotonic() + 200)
+    for running in world.workers:
+        if running.crashed:
+            continue
+        if not running.shutdown_result:
+            world.violation(f"worker {running.recorder.index} never finished its shutdown")
+        leftover = [t.name for t in clock.tasks if t.group == running.group and not t.finished]
+        if running.shutdown_result == [1]:  # handlers overran the timeout: they may run on
+            leftover = [name for name in leftover if not name.startswith("sqsworker-handler")]
+        if leftover:
+            world.violation(f"worker {running.recorder.index}'s threads never ended: {leftover}")
+    if world.violations:
+        return
+    _final_checks(world)
+
+
+def _final_checks(world: World) -> None:
+    dead = world.dead_lettered()
+    for number, plan in world.schedule.plans.items():
+        if number in dead:
+            if not world.trouble[number] - {"returned: shutdown"} and plan.healthy:
+                world.violation(f"healthy message {number} reached the DLQ with no reason reported")
+        elif number not in world.succeeded:
+            world.violation(
+                f"message {number} was lost: not in the queue, not dead-lettered, never succeeded"
+            )
