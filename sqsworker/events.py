@@ -114,12 +114,14 @@ _EVENTS = [n for n in vars(Observer) if not n.startswith("_")]
 
 
 class Tally(Observer):
-    """Counts what happened; the CLI's closing summary and the tests read it."""
+    """Counts what happened; the CLI's closing summary and the tests read it.
+
+    Counts only: a worker runs for months, so nothing here may grow per message.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
-        self.deleted_receives: list[tuple[str, int]] = []  # (message id, receive count)
 
     def _add(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -167,8 +169,6 @@ class Tally(Observer):
 
     def deleted(self, messages: Sequence[Message]) -> None:
         self._add("deleted", len(messages))
-        with self._lock:
-            self.deleted_receives += [(m.message_id, m.receive_count) for m in messages]
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         self._add("delete_failures")
