@@ -59,6 +59,9 @@ class Worker:
         self.idempotency: Idempotency | None = None
         self._dead_letter_queue: Transport | None = None
         self.capacity = self.config.concurrency + self.config.prefetch
+        # At most this many held: the capacity waiting or running, and one delete batch
+        # through its handler whose delete or return is not answered yet.
+        self.held_bound = self.capacity + MAX_BATCH
 
         self._stopping = threading.Event()  # set once: no more receives
         # _slots guards _pending, _deferred, _unfinished, _closing, _receiver_done and
@@ -286,9 +289,10 @@ class Worker:
     def _await_room(self, batch: int) -> int:
         """Wait until a full batch fits under the held-message bound; 0 when stopping.
 
-        The bound counts every message held: waiting, running, and through its handler
-        with its delete or return not yet answered (deletes failing for a while must
-        not let held messages pile up).
+        The bound counts every message held: waiting and running up to the capacity,
+        and beyond one delete batch, those through their handler with their delete or
+        return not yet answered (deletes failing for a while must not let held messages
+        pile up).
         """
         assert self.keeper is not None
         with self._slots:
@@ -303,7 +307,8 @@ class Worker:
 
     def _room(self) -> int:
         assert self.keeper is not None
-        return self.capacity - self._unfinished - self.keeper.settling_count()
+        unanswered = max(0, self.keeper.settling_count() - MAX_BATCH)
+        return self.capacity - self._unfinished - unanswered
 
     def _room_changed(self) -> None:
         """Called by the lease thread when deletes or returns were answered."""

@@ -721,8 +721,10 @@ class World:
             if running.crashed or worker.keeper is None:
                 continue
             held = worker.keeper.held_count()
-            if held > worker.capacity:
-                self.violation(f"worker {running.recorder.index} holds {held} > {worker.capacity}")
+            if held > worker.held_bound:
+                self.violation(
+                    f"worker {running.recorder.index} holds {held} > {worker.held_bound}"
+                )
             if running.stopped_at is not None and not running.shutdown_result:
                 config = worker.config
                 bound = (
