@@ -97,8 +97,9 @@ class WorkerConfig:
     visibility_timeout: int = field(
         default=30,
         metadata=_option(
-            "Seconds each lease lasts; the lease thread renews it while the handler runs, "
-            "so this is also how soon a crashed worker's messages come back.",
+            "Seconds each lease lasts, at least --wait-time + 2; the lease thread renews it "
+            "while the handler runs, so this is also how soon a crashed worker's messages "
+            "come back.",
             _parse_int,
         ),
     )
