@@ -32,6 +32,7 @@ from typing import Any
 from sqsworker import Backoff, Message, Reject, Retry, Worker, WorkerConfig
 from sqsworker.errors import ConfigError, LeaseLost, StoreError, TransportError
 from sqsworker.events import Observer, Observers
+from sqsworker.idempotency import CLAIM_MARGIN
 from sqsworker.stores import Lease, Record
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import (
@@ -839,7 +840,9 @@ def _drain(world: World) -> None:
         world.act(world.start_worker)
     visibility = schedule.config["visibility_timeout"]
     work = sum(max(p.durations) + visibility + 15 for p in schedule.plans.values())
-    limit = clock.monotonic() + schedule.max_receive_count * work + 120
+    # Each copy of a key may wait for its original's claim (its lease plus the margin).
+    rounds = schedule.max_receive_count * (1 + len(schedule.copies))
+    limit = clock.monotonic() + rounds * (work + CLAIM_MARGIN) + 120
     while world.counts(world.queue_name).total and clock.monotonic() < limit:
         world.run_until(min(limit, clock.monotonic() + 5))
         if world.violations:
