@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import threading
 from types import TracebackType
 from typing import Any
 
@@ -27,6 +29,7 @@ class LocalSQS:
                 "pip install 'sqsworker[local]'"
             ) from None
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+        _one_call_at_a_time()
         self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
         self.host = host
         self.port = port
@@ -99,3 +102,52 @@ class LocalSQS:
                 {"deadLetterTargetArn": arn, "maxReceiveCount": max_receive_count}
             )
         return str(client.create_queue(QueueName=name, Attributes=base)["QueueUrl"])
+
+
+_backend_lock = threading.Lock()
+_holding = threading.local()
+
+
+def _one_call_at_a_time() -> None:
+    """Make moto's SQS receives, deletes and visibility changes atomic, as SQS's are.
+
+    moto's backend takes no lock: two long polls served on two threads can both see a
+    message visible before either marks it received, and both return it (seen with two
+    workers on a loaded machine: one message run twice at one receive count). Each of
+    these calls now runs under one lock, which a long poll gives up while it waits.
+    """
+    from moto.sqs import models
+
+    if getattr(models.SQSBackend, "_sqsworker_atomic", False):
+        return
+
+    def atomic(method: Any) -> Any:
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with _backend_lock:
+                _holding.yes = True
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    _holding.yes = False
+
+        return call
+
+    def wait_for_messages(
+        queue: Any, timeout: int, _wait: Any = models.Queue.wait_for_messages
+    ) -> None:
+        if not getattr(_holding, "yes", False):
+            _wait(queue, timeout)
+            return
+        _holding.yes = False
+        _backend_lock.release()
+        try:
+            _wait(queue, timeout)
+        finally:
+            _backend_lock.acquire()
+            _holding.yes = True
+
+    for name in ("receive_message", "delete_message", "change_message_visibility"):
+        setattr(models.SQSBackend, name, atomic(getattr(models.SQSBackend, name)))
+    models.Queue.wait_for_messages = wait_for_messages  # type: ignore[method-assign,assignment]
+    models.SQSBackend._sqsworker_atomic = True  # type: ignore[attr-defined]

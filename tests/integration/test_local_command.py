@@ -6,11 +6,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from sqsworker.local import LocalSQS
+from sqsworker.transports import send_all
 from sqsworker.transports.sqs import SQSTransport
+
+from ..conftest import unique
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,3 +70,41 @@ def test_local_serves_queues_with_dead_letter_queues_and_prints_the_env(
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_concurrent_receives_never_hand_one_message_to_two_consumers(
+    local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto's backend alone, with threads switching often, returned one message to two
+    long polls now and then (and failed some with 500s); SQS never does, nor may the
+    embedded endpoint."""
+    for key, value in local_sqs.env().items():
+        monkeypatch.setenv(key, value)
+    name = unique("race")
+    local_sqs.create_queue(name, max_receive_count=None, visibility_timeout=300)
+    send_all(SQSTransport.connect(name), [f"m{i}" for i in range(300)])
+    seen: Counter[str] = Counter()
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def consume() -> None:
+        transport = SQSTransport.connect(name)
+        try:
+            while got := transport.receive(10, 0, 300, None):
+                with lock:
+                    seen.update(e.message_id for e in got)
+        except BaseException as exc:
+            errors.append(exc)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)  # the race needs a thread switch between look and mark
+    try:
+        threads = [threading.Thread(target=consume) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors
+    assert len(seen) == 300 and set(seen.values()) == {1}
