@@ -3,8 +3,14 @@
 It models what a consumer depends on (see ../../docs/delivery.md): visibility
 timeouts restarted from now, receipt handles renewed on every receive and stale
 afterwards, receive counts, redrive to a dead-letter queue, delays, FIFO group
-ordering and deduplication, the 12-hour visibility cap, and the batch rules.
-Time comes from an injected clock, so tests advance time instead of sleeping.
+ordering, deduplication and ``ReceiveRequestAttemptId``, the 12-hour visibility
+cap, long polls that return as soon as a message becomes visible, and the batch
+rules. Time comes from an injected clock, so tests advance time instead of
+sleeping; with a ``seed``, message ids and receipt handles repeat run after run.
+
+Memory stays flat however many messages pass: a receipt handle names its
+message, its receive and its queue, with a keyed digest the service checks, so
+no handle is kept once issued (see ``_Handles``).
 """
 
 from __future__ import annotations
@@ -12,10 +18,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import random
 import re
 import threading
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,9 +43,14 @@ from . import (
 )
 
 DEDUP_WINDOW = 300.0
+ATTEMPT_WINDOW = 300.0  # how long a FIFO receive can be retried with its ReceiveRequestAttemptId
 MAX_BATCH_PAYLOAD = 1_048_576  # the sum of a send batch's messages, whatever the queue's limit
 # Characters SQS accepts in a message body.
 _INVALID_BODY = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# A ReceiveRequestAttemptId: 1 to 128 letters, digits and punctuation.
+_ATTEMPT_ID = re.compile(r"^[!-~]{1,128}$")
+# SQS's answer to a visibility change naming a deleted message or a stale handle.
+GONE = "Message does not exist or is not available for visibility timeout change"
 
 
 def _error(code: str, message: str) -> TransportError:
@@ -59,6 +71,9 @@ class _Message:
     first_receive_ms: int | None = None
     handle: str | None = None  # the latest receipt handle; earlier ones are stale
     received_at: float | None = None  # when this receive began: the 12-hour cap counts from it
+    # The ReceiveRequestAttemptId of the receive that issued ``handle``, until the
+    # message's visibility is changed: a retry of that receive may return it again.
+    attempt_id: str | None = None
 
     def in_flight(self, now: float) -> bool:
         return self.handle is not None and self.visible_at > now
@@ -70,9 +85,44 @@ class _Queue:
     content_dedup: bool = False
     delay_seconds: int = 0
     messages: dict[str, _Message] = field(default_factory=dict)  # in send order
-    handles: dict[str, str] = field(default_factory=dict)  # every handle issued -> message id
-    dedup: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # FIFO deduplication id -> (forgotten at, message id), oldest first
+    dedup: OrderedDict[str, tuple[float, str]] = field(default_factory=OrderedDict)
+    # FIFO ReceiveRequestAttemptId -> (forgotten at, [(message id, receipt handle)]), oldest
+    # first; only receives that returned messages, for ATTEMPT_WINDOW seconds
+    attempts: OrderedDict[str, tuple[float, list[tuple[str, str]]]] = field(
+        default_factory=OrderedDict
+    )
     sequence: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class _Handles:
+    """Receipt handles that describe themselves: ``message id#receive#digest``.
+
+    The receive number is new on every receive, so a handle names one receive of one
+    message; the digest (keyed with a secret of this service, over the queue's name,
+    the message id and the receive number) tells a handle this queue issued from
+    anything else. So the service keeps no handle: the message's current one is all
+    it needs to tell a live handle from a stale one.
+    """
+
+    def __init__(self, rng: random.Random) -> None:
+        self._key = rng.getrandbits(128).to_bytes(16, "big")
+        self._receives = itertools.count(1)
+
+    def _digest(self, queue: str, message_id: str, receive: str) -> str:
+        text = f"{queue}#{message_id}#{receive}".encode()
+        return hashlib.blake2b(text, key=self._key, digest_size=8).hexdigest()
+
+    def issue(self, queue: str, message_id: str) -> str:
+        receive = f"{next(self._receives):x}"
+        return f"{message_id}#{receive}#{self._digest(queue, message_id, receive)}"
+
+    def message_id(self, queue: str, handle: str) -> str | None:
+        """The id of the message ``handle`` names, if ``queue`` issued it; else None."""
+        parts = handle.split("#")
+        if len(parts) != 3 or parts[2] != self._digest(queue, parts[0], parts[1]):
+            return None
+        return parts[0]
 
 
 class MemorySQS:
@@ -81,11 +131,16 @@ class MemorySQS:
     def __init__(
         self,
         clock: Clock | None = None,
+        seed: int | None = None,
         *,
         region: str = "us-east-1",
         account: str = "123456789012",
     ) -> None:
+        """``seed``: message ids and receipt handles drawn from ``random.Random(seed)``, so
+        that a run replays exactly; without it they differ from one service to the next."""
         self.clock = clock or SystemClock()
+        self._rng = random.Random(seed)  # message ids and the handles' key; under _lock
+        self._handles = _Handles(self._rng)
         self.region = region
         self.account = account
         self.requests: Counter[str] = Counter()  # API action -> calls, for cost figures
@@ -164,7 +219,12 @@ class MemorySQS:
             raise _error("QueueDoesNotExist", f"queue {name!r} does not exist") from None
 
     def receive(
-        self, name: str, max_messages: int, wait_seconds: int, visibility: int
+        self,
+        name: str,
+        max_messages: int,
+        wait_seconds: int,
+        visibility: int,
+        attempt_id: str | None = None,
     ) -> list[Envelope]:
         with self._changed, self._request("ReceiveMessage"):
             if not 1 <= max_messages <= MAX_BATCH:
@@ -173,45 +233,110 @@ class MemorySQS:
                 raise _error("InvalidParameterValue", "WaitTimeSeconds must be from 0 to 20")
             if not 0 <= visibility <= MAX_VISIBILITY:
                 raise _error("InvalidParameterValue", "VisibilityTimeout must be from 0 to 43200")
+            queue = self._queue(name)
+            if not queue.info.fifo:
+                attempt_id = None  # the parameter applies to FIFO queues only
+            else:
+                self._forget_attempts(queue)
+            if attempt_id is not None:
+                if not _ATTEMPT_ID.match(attempt_id):
+                    raise _error(
+                        "InvalidParameterValue",
+                        "ReceiveRequestAttemptId must be 1 to 128 letters, digits or punctuation",
+                    )
+                again = self._retry(queue, attempt_id, visibility)
+                if again is not None:
+                    return again
             deadline = self.clock.monotonic() + wait_seconds
             while True:
-                taken = self._take(self._queue(name), max_messages, visibility)
-                if taken or self.clock.monotonic() >= deadline:
+                taken, next_visible = self._take(queue, max_messages, visibility, attempt_id)
+                now = self.clock.monotonic()
+                if taken or now >= deadline:
+                    if taken and attempt_id is not None:
+                        queue.attempts.pop(attempt_id, None)  # the newest is the last
+                        queue.attempts[attempt_id] = (
+                            now + ATTEMPT_WINDOW,
+                            [(e.message_id, e.receipt_handle) for e in taken],
+                        )
                     return taken
-                self.clock.wait(self._changed, deadline)
+                # Sends, deletes and visibility changes notify; time passing does not:
+                # wake when the next hidden message comes back, if the poll lasts that long.
+                wake = deadline if next_visible is None else min(deadline, next_visible)
+                self.clock.wait(self._changed, wake)
 
-    def _take(self, queue: _Queue, limit: int, visibility: int) -> list[Envelope]:
+    def _retry(self, queue: _Queue, attempt_id: str, visibility: int) -> list[Envelope] | None:
+        """A FIFO receive retried with its ReceiveRequestAttemptId: the same messages and
+        receipt handles, hidden for ``visibility`` from now, if none was deleted, received
+        again or had its visibility changed since. None: receive as usual.
+
+        What SQS answers to a retry whose messages were changed meanwhile is not
+        documented; this model then receives afresh under the same id.
+        """
+        now = self.clock.monotonic()
+        attempts = queue.attempts
+        record = attempts.get(attempt_id)
+        if record is None:
+            return None
+        messages = [queue.messages.get(message_id) for message_id, _ in record[1]]
+        for message, (_, handle) in zip(messages, record[1], strict=True):
+            if message is None or message.handle != handle or message.attempt_id != attempt_id:
+                del attempts[attempt_id]
+                return None
+        out: list[Envelope] = []
+        for message in messages:
+            assert message is not None
+            message.visible_at = now + visibility  # "it resets the visibility timeout"
+            out.append(self._envelope(message))
+        return out
+
+    def _forget_attempts(self, queue: _Queue) -> None:
+        """Drop the attempt ids whose 5 minutes have passed (the oldest come first)."""
+        now = self.clock.monotonic()
+        attempts = queue.attempts
+        while attempts and next(iter(attempts.values()))[0] <= now:
+            attempts.popitem(last=False)
+
+    def _take(
+        self, queue: _Queue, limit: int, visibility: int, attempt_id: str | None
+    ) -> tuple[list[Envelope], float | None]:
+        """Receive up to ``limit`` messages; also when the soonest hidden one comes back."""
         now = self.clock.monotonic()
         wall_ms = int(self.clock.time() * 1000)
+        fifo = queue.info.fifo
         # FIFO: while any message of a group is in flight, no later one is delivered.
-        blocked = {
-            m.group_id for m in queue.messages.values() if queue.info.fifo and m.in_flight(now)
-        }
+        blocked = (
+            {m.group_id for m in queue.messages.values() if m.in_flight(now)} if fifo else set()
+        )
         out: list[Envelope] = []
-        for message in list(queue.messages.values()):
+        doomed: list[_Message] = []  # past maxReceiveCount: to the dead-letter queue
+        next_visible: float | None = None
+        for message in queue.messages.values():
             if len(out) >= limit:
                 break
-            group = message.group_id
-            if queue.info.fifo and group in blocked:
-                continue
             if message.visible_at > now:
-                if queue.info.fifo:
-                    blocked.add(group)  # a later message of the group must wait for this one
+                if next_visible is None or message.visible_at < next_visible:
+                    next_visible = message.visible_at
+                if fifo:
+                    blocked.add(message.group_id)  # a later message of the group waits for it
+                continue
+            if fifo and message.group_id in blocked:
                 continue
             if (
                 queue.info.max_receive_count is not None
                 and message.receive_count >= queue.info.max_receive_count
             ):
-                self._dead_letter(queue, message)
+                doomed.append(message)
                 continue
             message.receive_count += 1
             message.first_receive_ms = message.first_receive_ms or wall_ms
-            message.handle = f"{message.message_id}#{uuid.uuid4().hex}"
+            message.handle = self._handles.issue(queue.info.name, message.message_id)
             message.received_at = now
             message.visible_at = now + visibility
-            queue.handles[message.handle] = message.message_id
+            message.attempt_id = attempt_id
             out.append(self._envelope(message))
-        return out
+        for message in doomed:
+            self._dead_letter(queue, message)
+        return out, next_visible
 
     def _dead_letter(self, queue: _Queue, message: _Message) -> None:
         del queue.messages[message.message_id]
@@ -222,6 +347,7 @@ class MemorySQS:
         message.receive_count = 0
         message.handle = None
         message.received_at = None
+        message.attempt_id = None
         message.first_receive_ms = None
         message.visible_at = self.clock.monotonic()
         dlq.messages[message.message_id] = message
@@ -251,10 +377,12 @@ class MemorySQS:
         )
 
     def _owner(self, queue: _Queue, handle: str) -> tuple[_Message | None, EntryFailure | None]:
-        """The message a handle names, or why the handle names none."""
-        message_id = queue.handles.get(handle)
+        """The message a handle names (None: deleted since), or why the handle names none."""
+        message_id = self._handles.message_id(queue.info.name, handle)
         if message_id is None:
-            return None, EntryFailure("", "ReceiptHandleIsInvalid", "the receipt handle is invalid")
+            return None, EntryFailure(
+                "", "ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is not valid.'
+            )
         return queue.messages.get(message_id), None
 
     def delete_batch(self, name: str, entries: Sequence[tuple[str, str]]) -> BatchResult:
@@ -295,9 +423,17 @@ class MemorySQS:
             now = self.clock.monotonic()
             for entry_id, handle, seconds in entries:
                 message, failure = self._owner(queue, handle)
-                if failure is not None or message is None or message.handle != handle:
+                if failure is not None:
+                    result.failed.append(EntryFailure(entry_id, failure.code, failure.message))
+                elif message is None or message.handle != handle:
+                    # Deleted, or received again since: SQS's words for both.
                     result.failed.append(
-                        EntryFailure(entry_id, "ReceiptHandleIsInvalid", "the handle is not valid")
+                        EntryFailure(
+                            entry_id,
+                            "InvalidParameterValue",
+                            f"Value {handle} for parameter ReceiptHandle is invalid. "
+                            f"Reason: {GONE}.",
+                        )
                     )
                 elif not message.in_flight(now):
                     result.failed.append(
@@ -326,6 +462,7 @@ class MemorySQS:
                     )
                 else:
                     message.visible_at = now + seconds
+                    message.attempt_id = None  # changed: a retried receive cannot return it
                     result.succeeded.append(entry_id)
             self._changed.notify_all()
         return result
@@ -378,11 +515,12 @@ class MemorySQS:
         if queue.info.fifo:
             if dedup_id is None:
                 dedup_id = hashlib.sha256(outgoing.body.encode()).hexdigest()
-            queue.dedup = {k: v for k, v in queue.dedup.items() if v[0] > now}
+            while queue.dedup and next(iter(queue.dedup.values()))[0] <= now:
+                queue.dedup.popitem(last=False)  # oldest first: forget what passed the window
             if dedup_id in queue.dedup:
                 return queue.dedup[dedup_id][1]  # accepted, not delivered twice
         message = _Message(
-            message_id=str(uuid.uuid4()),
+            message_id=str(uuid.UUID(int=self._rng.getrandbits(128), version=4)),
             body=outgoing.body,
             message_attributes=dict(outgoing.message_attributes),
             sent_at_ms=int(self.clock.time() * 1000),
@@ -429,7 +567,9 @@ class MemoryTransport:
         visibility_timeout: int,
         attempt_id: str | None = None,
     ) -> list[Envelope]:
-        return self.service.receive(self.info.name, max_messages, wait_seconds, visibility_timeout)
+        return self.service.receive(
+            self.info.name, max_messages, wait_seconds, visibility_timeout, attempt_id
+        )
 
     def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
         return self.service.delete_batch(self.info.name, entries)

@@ -7,7 +7,9 @@ real behaviour is tested on the in-memory transport in tests/unit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,7 @@ from sqsworker.transports import Envelope, OutgoingMessage, Transport, send_all
 from sqsworker.transports.memory import MemorySQS
 from sqsworker.transports.sqs import SQSTransport
 
-from ..conftest import unique
+from ..conftest import unique, wait_until
 
 
 @dataclass
@@ -54,6 +56,38 @@ class Env:
             self.clock.advance(seconds)
             return transport.receive(n, 0, vis)
         return transport.receive(n, min(20, int(seconds) + 3), vis)
+
+    def long_poll(self, transport: Transport, wait: int) -> tuple[list[Envelope], float]:
+        """One receive of up to ``wait`` s while time passes: what it got, and when.
+
+        moto's server waits in real time; on the fake clock the poll runs on a thread
+        while the test moves time in steps of 0.25 s.
+        """
+        if self.clock is None:
+            began = time.monotonic()
+            got = transport.receive(1, wait, 30)
+            return got, time.monotonic() - began
+        memory, clock = self.memory, self.clock
+        assert memory is not None
+        polls = memory.requests["ReceiveMessage"]
+        result: list[Envelope] = []
+        took: list[float] = []
+        finished = threading.Event()
+        began = clock.monotonic()
+
+        def poll() -> None:
+            try:
+                result.extend(transport.receive(1, wait, 30))
+                took.append(clock.monotonic() - began)
+            finally:
+                finished.set()
+
+        threading.Thread(target=poll, daemon=True).start()
+        wait_until(lambda: memory.requests["ReceiveMessage"] > polls, what="the poll to start")
+        while not finished.wait(0.01):
+            clock.advance(0.25)
+        assert took, "the poll failed"
+        return result, took[0]
 
 
 @pytest.fixture(params=["memory", "moto"])
@@ -120,6 +154,32 @@ def test_extension_restarts_the_countdown_from_now(env: Env) -> None:
     assert env.receive_after(q, 1.5, 1, 30) == []
 
 
+def _delayed(q: Transport) -> None:
+    send_all(q, [OutgoingMessage("x", delay_seconds=1)])
+
+
+def _expiring(q: Transport) -> None:
+    send_all(q, ["x"])
+    assert len(q.receive(1, 1, 1)) == 1
+
+
+def _returned(q: Transport) -> None:
+    send_all(q, ["x"])
+    [m] = q.receive(1, 1, 30)
+    assert q.change_visibility_batch([("a", m.receipt_handle, 1)]).succeeded == ["a"]
+
+
+@pytest.mark.parametrize("hide", [_delayed, _expiring, _returned], ids=lambda f: f.__name__[1:])
+def test_a_long_poll_returns_when_a_hidden_message_comes_back(
+    env: Env, hide: Callable[[Transport], None]
+) -> None:
+    q = env.queue("comeback")
+    hide(q)  # visible again in 1 s
+    got, took = env.long_poll(q, 20)
+    assert [m.body for m in got] == ["x"]
+    assert 0.5 <= took < 10, took  # when the message came back, long before the poll's end
+
+
 def test_delete_with_the_current_handle_removes_the_message(env: Env) -> None:
     q = env.queue("delete")
     send_all(q, ["x", "y"])
@@ -129,6 +189,20 @@ def test_delete_with_the_current_handle_removes_the_message(env: Env) -> None:
     result = q.delete_batch([(str(i), m.receipt_handle) for i, m in enumerate(got)])
     assert sorted(result.succeeded) == ["0", "1"]
     assert q.counts().total == 0
+
+
+def test_a_deleted_message_answers_deletes_but_not_visibility_changes(env: Env) -> None:
+    q = env.queue("deleted")
+    send_all(q, ["x"])
+    [m] = q.receive(1, 1, 30)
+    assert q.delete_batch([("d", m.receipt_handle)]).succeeded == ["d"]
+    assert q.delete_batch([("d", m.receipt_handle)]).succeeded == ["d"]  # again: no error
+    [failure] = q.change_visibility_batch([("a", m.receipt_handle, 30)]).failed
+    # SQS: InvalidParameterValue, "Message does not exist or is not available for
+    # visibility timeout change"; moto: ReceiptHandleIsInvalid. Both: the lease is lost.
+    assert failure.id == "a" and failure.lease_lost and not failure.past_cap
+    [failure] = q.delete_batch([("g", "garbage")]).failed
+    assert (failure.id, failure.code) == ("g", "ReceiptHandleIsInvalid")
 
 
 def test_invalid_handle_fails_its_entry_not_the_batch(env: Env) -> None:
