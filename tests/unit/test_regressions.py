@@ -1,0 +1,673 @@
+"""Regression tests for the defects listed in issue 13, one or more per defect.
+
+Each test drives the public paths (Worker, WorkerConfig, the in-memory SQS, the
+fake clock, the Rig, LeaseKeeper) and asserts the behaviour the defect broke.
+Where a defect is a race, the test forces the bad schedule with a transport or a
+hook that holds one thread at the point where the race opens.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from sqsworker import Message, Retry, Worker, WorkerConfig, cli
+from sqsworker.clock import FakeClock
+from sqsworker.errors import ConfigError, LeaseLost, TransportError
+from sqsworker.events import Observer, Tally
+from sqsworker.lanes import HANDED_BACK_BEHIND
+from sqsworker.lease import LeaseKeeper
+from sqsworker.transports import (
+    MAX_BATCH,
+    BatchResult,
+    EntryFailure,
+    Envelope,
+    OutgoingMessage,
+    send_all,
+)
+from sqsworker.transports.memory import MemorySQS, MemoryTransport
+from sqsworker.transports.sqs import SQSTransport
+
+from ..conftest import wait_until
+from .helpers import Gate, Rig
+
+START = 1_000_000.0  # FakeClock's first reading
+GONE = "Message does not exist or is not available for visibility timeout change"
+
+
+class Switchboard(MemoryTransport):
+    """The in-memory SQS behind a switchboard: every call recorded in order, and the
+    calls a test names failed, answered with an entry failure, or held."""
+
+    def __init__(self, memory: MemorySQS, max_receive_count: int = 3) -> None:
+        # The Rig creates the same queue again (empty, with the same QueueInfo).
+        super().__init__(memory, memory.create_queue_with_dlq("jobs", max_receive_count))
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, list[str]]] = []  # (action, receipt handles)
+        self.delete_error: Exception | None = None
+        self.visibility_error: Exception | None = None
+        self.visibility_answer: tuple[str, str] | None = None  # (code, text) for every entry
+        self.hold_receive = False  # the next receive waits for receive_released
+        self.receive_entered = threading.Event()
+        self.receive_released = threading.Event()
+        self.hold_visibility = False  # visibility changes wait for visibility_released
+        self.visibility_entered = threading.Event()
+        self.visibility_released = threading.Event()
+
+    def count(self, action: str) -> int:
+        with self.lock:
+            return sum(name == action for name, _ in self.calls)
+
+    def receive(
+        self, max_messages: int, wait_seconds: int, visibility_timeout: int, attempt_id: Any = None
+    ) -> list[Envelope]:
+        if self.hold_receive:
+            self.hold_receive = False
+            self.receive_entered.set()
+            self.receive_released.wait(60)
+        return super().receive(max_messages, wait_seconds, visibility_timeout, attempt_id)
+
+    def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        with self.lock:
+            self.calls.append(("delete", [handle for _, handle in entries]))
+        if self.delete_error is not None:
+            raise self.delete_error
+        return super().delete_batch(entries)
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        with self.lock:
+            self.calls.append(("visibility", [handle for _, handle, _ in entries]))
+        if self.hold_visibility:
+            self.visibility_entered.set()
+            self.visibility_released.wait(60)
+        if self.visibility_error is not None:
+            raise self.visibility_error
+        if self.visibility_answer is not None:
+            code, text = self.visibility_answer
+            return BatchResult(failed=[EntryFailure(i, code, text) for i, _, _ in entries])
+        return super().change_visibility_batch(entries)
+
+
+class Record(Observer):
+    """What happened to which delivery: (message id, receive count) per event."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.deleted_: list[tuple[str, int]] = []
+        self.lost: list[tuple[str, int]] = []
+        self.delete_failures: list[tuple[str, int, bool]] = []
+
+    def deleted(self, messages: Sequence[Message]) -> None:
+        with self.lock:
+            self.deleted_ += [(m.message_id, m.receive_count) for m in messages]
+
+    def lease_lost(self, message: Message, reason: str) -> None:
+        with self.lock:
+            self.lost.append((message.message_id, message.receive_count))
+
+    def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
+        with self.lock:
+            self.delete_failures.append((message.message_id, message.receive_count, will_retry))
+
+
+def outage() -> TransportError:
+    return TransportError("ServiceUnavailable", code="ServiceUnavailable", retryable=True)
+
+
+def run_bounded(target: Callable[[], object], timeout: float = 5.0) -> list[object]:
+    """Run ``target`` on a thread; what it returned (or raised), or [] if still blocked."""
+    outcome: list[object] = []
+
+    def call() -> None:
+        try:
+            outcome.append(target())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return list(outcome)  # as it stood at the timeout
+
+
+# -- defect 1: a lease dated from before the receive began -------------------------------
+
+
+def test_a_visibility_timeout_shorter_than_the_long_poll_plus_margin_is_refused() -> None:
+    """Issue 13, defect 1: the lease counts from the start of the long poll, so a
+    visibility timeout under wait_time + 2 could run out before the message arrives."""
+    with pytest.raises(ConfigError) as raised:
+        WorkerConfig(queue="q", visibility_timeout=8, wait_time=20)
+    text = str(raised.value)
+    assert "--visibility-timeout (8) must be at least --wait-time (20) + 2" in text
+    assert "raise --visibility-timeout or lower --wait-time" in text
+    WorkerConfig(queue="q", visibility_timeout=22, wait_time=20)  # the margin exactly: fine
+
+
+def test_sqsworker_run_refuses_a_visibility_timeout_inside_the_long_poll(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 13, defect 1: the CLI says so in one sentence and exits 2, before any worker."""
+    (tmp_path / "shortlease.py").write_text(
+        textwrap.dedent("""
+        import sqsworker
+
+        @sqsworker.handler(queue="orders")
+        def process(message):
+            pass
+        """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "shortlease", raising=False)
+
+    def no_worker(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a worker was built from a configuration that must be refused")
+
+    monkeypatch.setattr(cli, "Worker", no_worker)
+    argv = ["run", "shortlease:process", "--visibility-timeout", "8", "--wait-time", "20"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sqsworker: error: --visibility-timeout (8) must be at least")
+    assert err.count("\n") == 1
+
+
+class ThrottledOnceClient:
+    """A boto3 SQS client stand-in over the in-memory SQS. Its first ReceiveMessage takes
+    12 s of fake time and is throttled (retryable); the next ones answer at once."""
+
+    def __init__(self, memory: MemorySQS, clock: FakeClock) -> None:
+        self.memory, self.clock = memory, clock
+        self.receives: list[float] = []  # when each ReceiveMessage attempt began
+
+    def receive_message(self, **request: Any) -> dict[str, Any]:
+        self.receives.append(self.clock.monotonic())
+        if len(self.receives) == 1:
+            self.clock.advance(12)
+            raise ClientError(
+                {"Error": {"Code": "RequestThrottled", "Message": "Rate exceeded"}},
+                "ReceiveMessage",
+            )
+        envelopes = self.memory.transport("jobs").receive(
+            request["MaxNumberOfMessages"], request["WaitTimeSeconds"], request["VisibilityTimeout"]
+        )
+        return {
+            "Messages": [
+                {
+                    "MessageId": e.message_id,
+                    "ReceiptHandle": e.receipt_handle,
+                    "Body": e.body,
+                    "Attributes": dict(e.attributes),
+                }
+                for e in envelopes
+            ]
+        }
+
+    def delete_message_batch(self, **request: Any) -> dict[str, Any]:
+        entries = [(e["Id"], e["ReceiptHandle"]) for e in request["Entries"]]
+        return self._answer(self.memory.transport("jobs").delete_batch(entries))
+
+    def change_message_visibility_batch(self, **request: Any) -> dict[str, Any]:
+        entries = [
+            (e["Id"], e["ReceiptHandle"], e["VisibilityTimeout"]) for e in request["Entries"]
+        ]
+        return self._answer(self.memory.transport("jobs").change_visibility_batch(entries))
+
+    @staticmethod
+    def _answer(result: BatchResult) -> dict[str, Any]:
+        return {
+            "Successful": [{"Id": i} for i in result.succeeded],
+            "Failed": [
+                {"Id": f.id, "Code": f.code, "Message": f.message, "SenderFault": True}
+                for f in result.failed
+            ],
+        }
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_lease_is_dated_from_the_receive_attempt_that_returned_the_message(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Issue 13, defect 1: a receive retried inside the SQS transport dated its messages'
+    leases from its first, failed attempt, 12 s earlier, so a 10 s lease was run out on
+    arrival. Now the transport makes one attempt and the worker's loop retries."""
+    client = ThrottledOnceClient(memory, clock)
+    info = memory.create_queue_with_dlq("jobs", 3)
+    ran: list[int] = []
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: ran.append(m.receive_count),
+        transport=SQSTransport(client, info),
+        visibility_timeout=10,
+    )
+    rig.send("x")
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 1 or rig.count("leases_lost") > 0)
+    assert rig.count("leases_lost") == 0, "the lease was run out on arrival"
+    assert ran == [1] and rig.count("receive_failures") == 1
+    assert client.receives[1] >= START + 12  # the retry is the worker's, after the failure
+    assert rig.stop() == 0
+
+
+def test_begin_refuses_a_lease_that_ran_out_before_the_lease_thread_noticed(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Issue 13, defect 1: a handler never starts on a lease already run out."""
+    memory.create_queue("jobs")
+    transport = memory.transport("jobs")
+    send_all(transport, ["x"])
+    tally = Tally()
+    keeper = LeaseKeeper(transport, clock, tally, delete_interval=0)  # its thread not started
+    [held] = keeper.add(transport.receive(1, 0, 10), clock.monotonic(), 10)
+    clock.advance(10)  # the lease runs out at exactly this moment
+    assert keeper.begin(held) is False
+    assert held.lost and held.seconds_left == 0
+    assert tally.counts["leases_lost"] == 1
+
+
+# -- defect 2: a message whose delete is queued never lapsed -----------------------------
+
+
+def test_a_delete_failing_past_the_lease_is_never_reported_done(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Issue 13, defect 2: an outage (deletes and visibility changes failing) outlasts
+    the lease of a handled message. That delivery is reported lost, never deleted, even
+    when a late delete of its stale handle "succeeds"; a redelivery finishes the work."""
+    transport = Switchboard(memory)
+    record = Record()
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: None,
+        transport=transport,
+        observers=[record],
+        visibility_timeout=10,
+        concurrency=1,
+        prefetch=0,
+    )
+    transport.delete_error = outage()
+    transport.visibility_error = outage()
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("succeeded", 1)
+    wait_until(lambda: transport.count("delete") >= 1, what="the first delete attempt")
+    rig.advance_until(lambda: clock.monotonic() >= START + 15)  # 1.5 leases of outage
+    transport.delete_error = transport.visibility_error = None
+    rig.advance_until(lambda: rig.queue.counts().total == 0)
+    rig.wait_for("deleted", 1)
+    with record.lock:
+        assert all(receives > 1 for _, receives in record.deleted_), record.deleted_
+        assert any(receives == 1 for _, receives in record.lost), record.lost
+    assert rig.stop() == 0
+
+
+# -- defect 4: held messages unbounded while deletes fail --------------------------------
+
+
+def test_held_messages_stay_bounded_while_deletes_keep_failing(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Issue 13, defect 4: with DeleteMessageBatch failing (retryable), the worker holds
+    at most concurrency + prefetch, plus one delete batch awaiting its answer."""
+    transport = Switchboard(memory)
+    peak: list[int] = []
+    rig: Rig
+
+    class Peak(Observer):
+        def received(self, messages: Sequence[Message]) -> None:
+            assert rig.worker.keeper is not None
+            peak.append(rig.worker.keeper.held_count())
+
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: None,
+        transport=transport,
+        observers=[Peak()],
+        visibility_timeout=30,
+        concurrency=2,
+        prefetch=1,
+    )
+    bound = 2 + 1 + MAX_BATCH
+    transport.delete_error = outage()
+    rig.send(*[f"m{i}" for i in range(60)])
+    rig.worker.start()
+    rig.wait_for("received", 3)
+    for _ in range(5):  # five rounds of failing delete retries
+        sent = transport.count("delete")
+        clock.advance(1)
+        wait_until(lambda: transport.count("delete") > sent, what="a delete retry")  # noqa: B023
+    assert rig.count("received") <= bound
+    assert max(peak) <= bound
+    transport.delete_error = None  # the outage ends: everything goes through
+    rig.advance_until(lambda: rig.count("deleted") == 60)
+    assert max(peak) <= bound, max(peak)
+    assert rig.queue.counts().total == 0
+    assert rig.stop() == 0
+
+
+def test_a_refused_delete_is_reported_and_not_retried_forever(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Issue 13, defect 4: a non-retryable error (AccessDenied) on delete is reported as
+    a delete failure that will not be retried, and no further delete is sent for it."""
+    transport = Switchboard(memory)
+    record = Record()
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: None,
+        transport=transport,
+        observers=[record],
+        visibility_timeout=300,
+    )
+    transport.delete_error = TransportError(
+        "AccessDenied: not authorized to perform sqs:DeleteMessageBatch", code="AccessDenied"
+    )
+    rig.send("x")
+    rig.worker.start()
+    wait_until(lambda: bool(record.delete_failures), timeout=5, what="the delete failure")
+    assert [retry for _, _, retry in record.delete_failures] == [False]
+    rig.advance_until(lambda: clock.monotonic() >= START + 30)
+    assert transport.count("delete") == 1
+    assert rig.count("deleted") == 0
+    assert rig.stop() == 0
+
+
+# -- defect 5: a handler raising SystemExit killed its thread ----------------------------
+
+
+def test_a_handler_raising_system_exit_does_not_kill_its_thread(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Issue 13, defect 5: after a SystemExit the only handler thread still takes the
+    next message, and health counts every handler thread alive."""
+    ran: list[str] = []
+
+    def handler(message: Message) -> None:
+        ran.append(message.body)
+        if len(ran) == 1:
+            raise SystemExit(3)
+
+    rig = Rig(memory, clock, handler, concurrency=1, prefetch=1)
+    rig.send("first", "second")
+    rig.worker.start()
+    wait_until(lambda: rig.count("succeeded") >= 1, timeout=5, what="the next message to run")
+    assert rig.count("failed") == 1  # the SystemExit counts as a failure; it comes back
+    rig.advance_until(lambda: rig.count("deleted") == 2)
+    health = rig.worker.health()
+    assert health.handlers_alive == health.handlers == 1
+    assert health.live
+    assert rig.queue.counts().total == 0
+    assert rig.stop() == 0
+
+
+# -- defect 6: message.lease.extend() blocked forever ------------------------------------
+
+
+def test_extend_at_the_twelve_hour_cap_returns_at_once(memory: MemorySQS, clock: FakeClock) -> None:
+    """Issue 13, defect 6: at the cap no renewal will ever come; extend() answers with
+    the seconds left instead of waiting for one."""
+    gate = Gate()
+    answers: list[list[object]] = []
+
+    def handler(message: Message) -> None:
+        gate(message)
+        answers.append(run_bounded(lambda: message.lease.extend(60)))
+
+    rig = Rig(memory, clock, handler, visibility_timeout=43_200)
+    rig.send("x")
+    rig.worker.start()
+    assert gate.started.wait(10)
+    clock.advance(43_180)  # 20 s of the cap left: too little for any renewal
+    rig.wait_for("near_cap", 1)
+    gate.release.set()
+    wait_until(lambda: bool(answers), timeout=10)
+    assert answers == [[20.0]], "extend() blocked at the 12-hour cap"
+    rig.wait_for("deleted", 1)
+    assert rig.stop() == 0
+
+
+def test_extend_on_a_lease_that_ran_out_raises_lease_lost_at_once(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Issue 13, defect 6: the lease ran out while the lease thread hung in a call; the
+    handler's extend() raises LeaseLost instead of waiting on that thread forever."""
+    transport = Switchboard(memory)
+    gate = Gate()
+    answers: list[list[object]] = []
+
+    def handler(message: Message) -> None:
+        gate(message)
+        answers.append(run_bounded(lambda: message.lease.extend(60)))
+
+    rig = Rig(
+        memory,
+        clock,
+        handler,
+        transport=transport,
+        visibility_timeout=10,
+        concurrency=1,
+        prefetch=0,
+    )
+    transport.hold_visibility = True
+    rig.send("x")
+    rig.worker.start()
+    assert gate.started.wait(10)
+    try:
+        clock.advance(5)  # the renewal is due: the lease thread hangs in it
+        assert transport.visibility_entered.wait(5)
+        clock.advance(6)  # past the lease
+        gate.release.set()
+        wait_until(lambda: bool(answers), timeout=10)
+        assert answers[0] and isinstance(answers[0][0], LeaseLost), f"extend() gave {answers}"
+    finally:
+        transport.hold_visibility = False
+        transport.visibility_released.set()
+    rig.wait_for("leases_lost", 1)
+    assert rig.stop() == 0
+
+
+# -- defect 8: FIFO shutdown race ---------------------------------------------------------
+
+
+def test_group_mates_of_a_failed_message_are_handed_back_however_shutdown_interleaves(
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13, defect 8: when a FIFO message fails, its group's later messages go back
+    to the queue. The hook below holds their hand-back for as long as the worker would
+    let a shutdown finish meanwhile, the worst schedule; after a clean shutdown none of
+    them may stay invisible."""
+    memory.create_queue("jobs.fifo", {"ContentBasedDeduplication": "true"})
+    queue = memory.transport("jobs.fifo")
+    go = threading.Event()
+    started = threading.Event()
+
+    def handler(message: Message) -> None:
+        if message.body == "1":
+            started.set()
+            go.wait(10)
+            raise Retry(0)  # back at once: after the shutdown nothing should be hidden
+
+    tally = Tally()
+    worker = Worker(
+        handler,
+        WorkerConfig(queue="jobs.fifo", wait_time=0, delete_interval=0, concurrency=1),
+        transport=queue,
+        clock=clock,
+        observer=tally,
+    )
+    send_all(queue, [OutgoingMessage(body, group_id="g") for body in ("1", "2", "3")])
+    worker.start()
+    assert started.wait(10)
+    wait_until(lambda: worker.in_hand == 3, what="the group's later messages waiting")
+
+    keeper = worker.keeper
+    assert keeper is not None
+    release = keeper.release
+    window = threading.Event()  # a hand-back is pending while shutdown may finish
+    shut = threading.Event()
+
+    def held_release(held: Any, seconds: float, reason: str, urgent: bool = False) -> None:
+        if reason == HANDED_BACK_BEHIND and worker.in_hand == 0:
+            window.set()
+            shut.wait(5)
+        release(held, seconds, reason, urgent)
+
+    monkeypatch.setattr(keeper, "release", held_release)
+    go.set()
+    wait_until(lambda: window.is_set() or tally.counts["returned"] >= 3, what="the hand-backs")
+    worker.request_stop()
+    result = run_bounded(worker.shutdown, timeout=10)
+    shut.set()
+    assert result == [0]
+    counts = queue.counts()
+    assert (counts.visible, counts.in_flight) == (3, 0), counts
+
+
+# -- defect 9: a receive outliving shutdown's join --------------------------------------
+
+
+class WatchedClock(FakeClock):
+    """A fake clock that tells which threads wait on it with no deadline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting_forever: set[str] = set()
+
+    def wait(self, cond: threading.Condition, deadline: float | None) -> None:
+        name = threading.current_thread().name
+        if deadline is None:
+            self.waiting_forever.add(name)
+        try:
+            super().wait(cond, deadline)
+        finally:
+            self.waiting_forever.discard(name)
+
+
+def test_shutdown_waits_for_a_slow_receive_and_hands_its_messages_back() -> None:
+    """Issue 13, defect 9: a receive that takes longer than wait_time + 15 s. Shutdown
+    waits for the receive thread, which hands what it got straight back: visible at once."""
+    clock = WatchedClock()
+    memory = MemorySQS(clock)
+    transport = Switchboard(memory)
+    # The lease, dated from the start of the receive, outlasts the slow receive.
+    rig = Rig(memory, clock, lambda m: None, transport=transport, visibility_timeout=30)
+    transport.hold_receive = True
+    rig.send("a", "b")
+    rig.worker.start()
+    assert transport.receive_entered.wait(5)
+    rig.worker.request_stop()
+    result: list[int] = []
+    stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()), name="stop")
+    stopper.start()
+    clock.advance(rig.worker.config.wait_time + 16)  # the receive outlives its allowance
+    wait_until(
+        lambda: not stopper.is_alive() or "stop" in clock.waiting_forever,
+        timeout=30,
+        what="shutdown to wait for the receive thread",
+    )
+    transport.receive_released.set()
+    stopper.join(10)
+    assert result == [0]
+    rig.wait_for("received", 2)
+    counts = rig.queue.counts()
+    assert (counts.visible, counts.in_flight) == (2, 0), counts
+    assert rig.count("handed_back") == 2
+    assert not rig.worker.health().receiver_alive
+
+
+# -- defect 10: memory per message -------------------------------------------------------
+
+
+def test_tally_keeps_counts_only_whatever_the_number_of_messages() -> None:
+    """Issue 13, defect 10: a month-long worker's Tally must not grow per message."""
+    tally = Tally()
+    tally.deleted([Message.build("warm-up", message_id="m-warm")])
+
+    def sizes() -> dict[str, int]:
+        return {name: sys.getsizeof(value) for name, value in vars(tally).items()}
+
+    before = sizes()
+    for i in range(10_000):
+        tally.deleted([Message.build("x", message_id=f"m-{i}")])
+    assert sizes() == before
+    assert tally.counts["deleted"] == 10_001
+
+
+# -- defect 12: a visibility change for a handle deleted in the same pass ----------------
+
+
+def test_no_visibility_change_names_a_handle_already_deleted(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Issue 13, defect 12: a delete queued as its lease's renewal falls due goes out
+    alone; no visibility change follows it for the same receipt handle."""
+    transport = Switchboard(memory)
+    gate = Gate()
+    rig = Rig(memory, clock, gate, transport=transport, visibility_timeout=10, delete_interval=1)
+    rig.send("x")
+    rig.worker.start()
+    assert gate.started.wait(10)
+    clock.advance(4)  # the renewal falls due at 5 s
+    gate.release.set()
+    rig.wait_for("succeeded", 1)  # its delete waits for --delete-interval: until 5 s too
+    clock.advance(1)
+    rig.wait_for("deleted", 1)
+    assert rig.stop() == 0
+    deleted: set[str] = set()
+    with transport.lock:
+        for action, handles in transport.calls:
+            if action == "delete":
+                deleted.update(handles)
+            else:
+                assert not deleted & set(handles), f"visibility change after delete: {handles}"
+    assert rig.count("request_failures") == 0 and rig.count("leases_lost") == 0
+
+
+# -- defect 13: a gone handle answered with InvalidParameterValue ------------------------
+
+
+def test_a_return_answered_with_a_gone_handle_is_lease_lost_not_retried(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Issue 13, defect 13: SQS answers a gone handle with InvalidParameterValue and
+    "Message does not exist or is not available...". The failed message's return is then
+    lease lost: not retried, and shutdown finishes at once, not at its timeout."""
+    transport = Switchboard(memory)
+    transport.visibility_answer = ("InvalidParameterValue", GONE)
+
+    def handler(message: Message) -> None:
+        raise RuntimeError("fails, so the worker returns it with a visibility change")
+
+    rig = Rig(memory, clock, handler, transport=transport, shutdown_timeout=30)
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("failed", 1)
+    wait_until(lambda: transport.count("visibility") >= 1, what="the return")
+    rig.worker.request_stop()
+    began = clock.monotonic()
+    result: list[int] = []
+    stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
+    stopper.start()
+    for _ in range(60):  # fake time moves only while shutdown has not finished
+        stopper.join(0.02)
+        if not stopper.is_alive():
+            break
+        clock.advance(1)
+    assert result == [0]
+    assert clock.monotonic() - began < 5, "shutdown waited for its timeout"
+    assert transport.count("visibility") == 1  # the return was not retried
+    assert rig.count("leases_lost") == 1
