@@ -7,7 +7,8 @@ so each is atomic without holding a lock across calls.
 ``synchronous=NORMAL`` by default: a committed transaction survives the process
 being killed (``kill -9``); a power loss may undo the last few.
 ``?synchronous=full`` makes each commit wait for the disk. ``?timeout=S`` is the
-busy timeout (30 s).
+busy timeout (30 s): a write waits at most that for its turn among this process's
+writers, and at most that again for SQLite's lock.
 
 ``transaction()`` gives a handler the database inside ``BEGIN IMMEDIATE`` and
 writes the completion record in the same transaction, but only while the claim
@@ -56,7 +57,10 @@ class SQLiteStore:
         # One writer at a time in this process, around single statements and the
         # renewals' short transaction (never around a handler's transaction block):
         # SQLite's own busy wait sleeps whole milliseconds, so threads queueing here
-        # instead write sooner. Other processes still meet the busy timeout.
+        # instead write sooner. Other processes still meet the busy timeout. Taken
+        # through _turn(): the writer holding it may itself be in SQLite's busy wait
+        # (for a handler's transaction block), and writers queued behind it must not
+        # wait a busy timeout each, one after another.
         self._writing = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._claims = 0
@@ -109,8 +113,22 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite store {self.path}: {exc}") from exc
 
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """This process's write turn: waited for at most the busy timeout, so a writer
+        waits at most twice that in all, however many queue behind a locked database."""
+        if not self._writing.acquire(timeout=max(0.0, self.timeout)):
+            raise StoreError(
+                f"SQLite store {self.path}: database is locked (this process's writers "
+                f"waited {self.timeout:g} s for it)"
+            )
+        try:
+            yield
+        finally:
+            self._writing.release()
+
     def _write(self, sql: str, *params: Any) -> sqlite3.Cursor:
-        with self._writing:
+        with self._turn():
             return self._execute(sql, *params)
 
     # -- the Store protocol ----------------------------------------------------------------
@@ -143,7 +161,7 @@ class SQLiteStore:
     def renew(self, leases: Sequence[Lease]) -> list[str]:
         lost = []
         db = self._connection()
-        with self._writing:
+        with self._turn():
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
@@ -198,7 +216,7 @@ class SQLiteStore:
         """
         db = self._connection()
         try:
-            with self._writing:  # queued with this process's writers for the BEGIN only
+            with self._turn():  # queued with this process's writers for the BEGIN only
                 db.execute("BEGIN IMMEDIATE")  # the write lock now: no deadlock upgrading later
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite store {self.path}: {exc}") from exc
