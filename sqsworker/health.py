@@ -51,16 +51,19 @@ class Health:
     lease_alive: bool
     handlers_alive: int = 0  # handler threads still running their loop
     handlers: int = 0  # how many were started
+    claims_alive: bool | None = None  # the idempotency claim keeper; None: no store
 
     @property
     def live(self) -> bool:
-        """Both threads make progress. A stopping worker stays live until it exits."""
+        """Every thread runs, the receive and lease threads make progress. A stopping
+        worker stays live until it exits."""
         if not self.started:
             return True
         receiver_ok = self.stopping or (self.receiver_alive and self.receiver_overdue == 0)
         lease_ok = (self.stopping or self.lease_alive) and self.lease_overdue == 0
         handlers_ok = self.stopping or self.handlers_alive >= self.handlers
-        return receiver_ok and lease_ok and handlers_ok
+        claims_ok = self.stopping or self.claims_alive is not False
+        return receiver_ok and lease_ok and handlers_ok and claims_ok
 
     @property
     def ready(self) -> bool:
@@ -75,6 +78,7 @@ class Health:
             "receiver": _thread(self.receiver_alive, self.receiver_overdue),
             "lease": _thread(self.lease_alive, self.lease_overdue),
             "handlers": f"{self.handlers_alive} of {self.handlers} running",
+            **({} if self.claims_alive is None else {"claims": _thread(self.claims_alive, 0.0)}),
         }
 
 

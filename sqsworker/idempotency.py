@@ -303,6 +303,10 @@ class ClaimKeeper:
         with self._wake:
             self._poke()
 
+    def alive(self) -> bool:
+        """The thread runs (read by /healthz: claims nobody renews lapse under handlers)."""
+        return self._task is not None and not self._finished
+
     def tracked(self) -> int:
         with self._wake:
             return len(self._claims)

@@ -106,6 +106,11 @@ class Worker:
             lease_alive=self.keeper is not None and self.keeper.alive(),
             handlers_alive=self._handlers_alive,
             handlers=self.config.concurrency,
+            claims_alive=(
+                self.idempotency.keeper.alive()
+                if self.idempotency and self.idempotency.keeper
+                else None
+            ),
         )
 
     # -- lifecycle -----------------------------------------------------------------

@@ -679,3 +679,25 @@ def test_a_renewal_answered_after_its_key_completed_is_no_claim_lost(
     done["b"].set()
     rig.wait_for("deleted", 2)
     rig.stop()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_claim_keeper_makes_the_worker_not_live(
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims nobody renews would lapse under running handlers: /healthz must say so."""
+    rig = Rig(memory, clock, lambda message: None, store=MemoryStore())
+    rig.worker.start()
+    assert rig.worker.health().live and rig.worker.health().as_dict()["claims"] == "ok"
+    keeper = rig.worker.idempotency.keeper if rig.worker.idempotency else None
+    assert keeper is not None
+
+    def broken(tracked: object) -> None:
+        raise RuntimeError("a bug in the claim keeper")
+
+    monkeypatch.setattr(keeper, "_look", broken)
+    keeper.wake()
+    wait_until(lambda: not keeper.alive(), what="the claim keeper to die")
+    health = rig.worker.health()
+    assert not health.live and health.as_dict()["claims"] == "exited"
+    rig.stop()
