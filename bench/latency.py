@@ -1,0 +1,60 @@
+"""``Latency``: a transport that answers as slowly as a real SQS endpoint.
+
+The in-memory SQS answers in microseconds; real SQS takes about 20 ms a request. Wrapped
+around a transport, ``Latency`` adds that time to each SQS call, half on the way there and
+half on the way back, so the worker's timing is measured against a realistic service.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from sqsworker.transports import (
+        BatchResult,
+        Envelope,
+        OutgoingMessage,
+        QueueCounts,
+        Transport,
+    )
+
+T = TypeVar("T")
+
+
+class Latency:
+    def __init__(self, transport: Transport, seconds: float = 0.02) -> None:
+        self.inner = transport
+        self.seconds = seconds
+
+    def __getattr__(self, name: str) -> Any:  # info, requests, request_errors
+        return getattr(self.inner, name)
+
+    def _call(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        time.sleep(self.seconds / 2)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            time.sleep(self.seconds / 2)
+
+    def receive(self, *args: Any, **kwargs: Any) -> list[Envelope]:
+        return self._call(self.inner.receive, *args, **kwargs)
+
+    def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        return self._call(self.inner.delete_batch, entries)
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        return self._call(self.inner.change_visibility_batch, entries)
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        return self._call(self.inner.send_batch, messages)
+
+    def counts(self) -> QueueCounts:
+        return self._call(self.inner.counts)
+
+    def open(self, queue: str) -> Latency:
+        return Latency(self.inner.open(queue), self.seconds)
+
+    def close(self) -> None:
+        self.inner.close()
