@@ -64,8 +64,11 @@ class Retry(Exception):
 
     def __init__(self, delay: float, reason: str = "") -> None:
         super().__init__(reason or f"retry requested in {delay:g} s")
-        if delay < 0:
-            raise ValueError("Retry delay must be zero or more seconds.")
+        if not 0 <= delay <= 43_200:  # also refuses NaN
+            raise ValueError(
+                f"Retry delay must be from 0 to 43200 seconds (SQS's longest visibility "
+                f"timeout); got {delay}."
+            )
         self.delay = delay
 
 

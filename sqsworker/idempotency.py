@@ -43,9 +43,11 @@ if TYPE_CHECKING:
 # A claim outlives its message's lease, as the worker counts it, by this much. SQS
 # starts a lease's countdown when a receive or a renewal reaches it, which is later
 # than the worker counts from by up to one call's time (the SQS client gives up
-# after 5 s to connect plus 30 s to read); the rest covers clocks of different
-# hosts disagreeing (records hold wall-clock times).
-CLAIM_MARGIN = 40.0
+# after 5 s to connect plus 30 s to read), and clocks of different hosts disagree
+# (records hold wall-clock times). A renewal goes with at least 3/4 of it left
+# (45 s): every store's calls are bounded below that (STORE_CALL_LIMIT), so a claim
+# cannot lapse while a renewal of it is on its way.
+CLAIM_MARGIN = 60.0
 RENEW_BELOW = 0.75  # renew a claim once it has less than this share of what renewing gives it
 RIDE_ALONG_BELOW = 0.9  # ... or less than this, when a store call goes anyway
 MIN_GAIN = 1.0  # seconds a renewal must add to its claim to be worth a store write

@@ -66,19 +66,21 @@ class Held:
         self.renewals = 0
         self.near_cap_warned = False
         self.outcome: str | None = None  # "delete" or "return", once one is queued
+        self.handed_back = False  # returned while its handler still ran (shutdown timeout)
         self.message = Message(envelope, keeper.transport.info.name, self)
 
     # -- the Lease protocol ------------------------------------------------------
 
     @property
     def seconds_left(self) -> float:
-        if self.state is State.LOST:
+        if self.lost:
             return 0.0
         return max(0.0, self.expires_at - self.keeper.clock.monotonic())
 
     @property
     def lost(self) -> bool:
-        return self.state is State.LOST
+        """Another consumer may have the message: SQS's lease ran out or was given back."""
+        return self.state is State.LOST or self.handed_back
 
     @property
     def gone(self) -> bool:
@@ -217,8 +219,15 @@ class LeaseKeeper:
         self._queue(held, _Op(held, "return", math.ceil(seconds), reason, urgent=urgent))
 
     def hand_back(self, held: Sequence[Held]) -> None:
-        """Make these messages visible again at once (shutdown)."""
+        """Make these messages visible again at once (shutdown).
+
+        A handler still running on one is told its lease is lost from now on.
+        """
         for h in held:
+            with self._wake:
+                if h.state is State.RUNNING:
+                    h.handed_back = True
+                    self._wake.notify_all()  # an extend() waiting on it raises LeaseLost
             self.release(h, 0, "shutdown", urgent=True)
 
     def running(self) -> list[Held]:
@@ -253,7 +262,7 @@ class LeaseKeeper:
             raise ValueError("a lease can be extended by 1 to 43200 seconds")
         with self._wake:
             self._lapse(held, self.clock.monotonic())
-            if held.state is State.LOST:
+            if held.lost:
                 raise LeaseLost(f"the lease of message {held.envelope.message_id} was lost")
             target = held.renewals + 1
             held.timeout = seconds
@@ -263,6 +272,7 @@ class LeaseKeeper:
             # Until renewed, lost, settled, at the cap, or past the lease: never longer.
             while (
                 held.renewals < target
+                and not held.handed_back
                 and held.state in (State.WAITING, State.RUNNING)
                 and held.renew_at < math.inf
             ):

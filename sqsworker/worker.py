@@ -225,8 +225,8 @@ class Worker:
         # 6. Flush queued deletes and returns, then stop the lease thread.
         unsettled = self.keeper.stop(give_up_after=max(5.0, deadline - self.clock.monotonic()))
         self.transport.close()
-        if self.idempotency:
-            self.idempotency.close()
+        if self.idempotency:  # a store call still under way at the deadline is left to end
+            self.idempotency.close(deadline=max(deadline, self.clock.monotonic() + 5.0))
         self.observer.shutdown_finished(clean, len(waiting) + len(overdue), unsettled)
         return 0 if clean else 1
 
@@ -348,6 +348,12 @@ class Worker:
                 kept = False
                 try:
                     kept = self._process(held)
+                except BaseException:
+                    # A fault of the worker's own: hand the message back rather than hold
+                    # it unrun; the thread ends, and /healthz reports it.
+                    assert self.keeper is not None
+                    self.keeper.release(held, 0, "worker error", urgent=True)
+                    raise
                 finally:
                     if not kept:
                         self._finish(held)
@@ -456,10 +462,15 @@ class Worker:
             # Held, not returned: a return would use up a receive, and a duplicate that
             # keeps meeting its original would end in the dead-letter queue.
             retry_in = min(max(1.0, admission.retry_in), self.config.visibility_timeout)
-            self.keeper.defer(held)
             with self._slots:
-                self._deferred.append((self.clock.monotonic() + retry_in, held))
-                self._slots.notify_all()
+                closing = self._closing  # shutdown took the deferred ones already
+                if not closing:
+                    self.keeper.defer(held)
+                    self._deferred.append((self.clock.monotonic() + retry_in, held))
+                    self._slots.notify_all()
+            if closing:
+                self.keeper.hand_back([held])
+                return None
             self.observer.duplicate_deferred(message, retry_in)
         return verdict
 
@@ -473,7 +484,7 @@ class Worker:
                     "another worker claimed the key while this handler ran (its lease had "
                     "lapsed); the effect may have happened twice",
                 )
-        except StoreError as exc:
+        except Exception as exc:  # a StoreError, or a store's bug: the delete goes on
             self.observer.store_failed("complete", exc)
 
     def _release_claim(self, message: Message) -> None:
@@ -481,7 +492,7 @@ class Worker:
             return
         try:
             self.idempotency.release(message)
-        except StoreError as exc:  # the claim lapses with its lease instead
+        except Exception as exc:  # the claim lapses with its lease instead
             self.observer.store_failed("release", exc)
 
     def _blocks_its_group(self, held: Held) -> bool:

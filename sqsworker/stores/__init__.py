@@ -28,6 +28,10 @@ from urllib.parse import parse_qs, urlsplit
 from ..errors import ConfigError
 
 SCHEMES = ("memory", "sqlite", "dynamodb")
+# Seconds any store call may take, retries included: each store bounds its calls by
+# this (client timeouts), so that a claim's renewal, sent with 3/4 of the claim
+# margin left, always ends before the claim could lapse (see idempotency.py).
+STORE_CALL_LIMIT = 40.0
 
 
 class State(enum.Enum):

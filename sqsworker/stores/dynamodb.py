@@ -44,7 +44,14 @@ class DynamoDBStore:
     ) -> DynamoDBStore:
         region = url.options.get("region") or region
         endpoint_url = url.options.get("endpoint") or endpoint_url
-        config = Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=64)
+        # Every call ends within about 30 s, retries included: well inside the time a
+        # claim has left when its renewal goes (idempotency.STORE_CALL_LIMIT).
+        config = Config(
+            connect_timeout=3,
+            read_timeout=5,
+            retries={"mode": "standard", "max_attempts": 3},
+            max_pool_connections=64,
+        )
         try:
             client = boto3.client(
                 "dynamodb", region_name=region, endpoint_url=endpoint_url, config=config

@@ -7,7 +7,7 @@ so each is atomic without holding a lock across calls.
 ``synchronous=NORMAL`` by default: a committed transaction survives the process
 being killed (``kill -9``); a power loss may undo the last few.
 ``?synchronous=full`` makes each commit wait for the disk. ``?timeout=S`` is the
-busy timeout (30 s): a write waits at most that for its turn among this process's
+busy timeout (10 s, at most 20): a write waits at most that for its turn among this process's
 writers, and at most that again for SQLite's lock.
 
 ``transaction()`` gives a handler the database inside ``BEGIN IMMEDIATE`` and
@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ConfigError, LeaseLost, StartupError, StoreError
-from . import Lease, Record, State, StoreURL
+from . import STORE_CALL_LIMIT, Lease, Record, State, StoreURL
 
 TABLE = "sqsworker_idempotency"
 SCHEMA = f"""
@@ -44,10 +44,11 @@ CREATE INDEX IF NOT EXISTS {TABLE}_expires_at ON {TABLE} (expires_at);
 PURGE_EVERY = 1000  # claims between purges of expired records
 PURGE_BATCH = 1000
 SYNCHRONOUS = ("off", "normal", "full", "extra")
+MAX_TIMEOUT = STORE_CALL_LIMIT / 2  # a write waits its turn, then SQLite's lock: each at most this
 
 
 class SQLiteStore:
-    def __init__(self, path: str, url: str, *, timeout: float = 30.0, synchronous: str = "normal"):
+    def __init__(self, path: str, url: str, *, timeout: float = 10.0, synchronous: str = "normal"):
         self.url = url
         self.path = path
         self.timeout = timeout
@@ -68,9 +69,14 @@ class SQLiteStore:
     @classmethod
     def open(cls, url: StoreURL) -> SQLiteStore:
         try:
-            timeout = float(url.options.get("timeout", "30"))
+            timeout = float(url.options.get("timeout", "10"))
         except ValueError:
             raise ConfigError(f"{url.url!r}: timeout must be a number of seconds") from None
+        if not 0 <= timeout <= MAX_TIMEOUT:
+            raise ConfigError(
+                f"{url.url!r}: timeout must be from 0 to {MAX_TIMEOUT:g} seconds, so that a "
+                "claim's renewal always ends before the claim could lapse"
+            )
         synchronous = url.options.get("synchronous", "normal").lower()
         if synchronous not in SYNCHRONOUS:
             raise ConfigError(f"{url.url!r}: synchronous must be one of {', '.join(SYNCHRONOUS)}")

@@ -15,10 +15,10 @@ import structlog
 
 from sqsworker import LeaseLost, Message, Worker, WorkerConfig
 from sqsworker.clock import FakeClock
-from sqsworker.errors import IdempotencyKeyError, StoreError
+from sqsworker.errors import ConfigError, IdempotencyKeyError, StoreError
 from sqsworker.events import Tally
-from sqsworker.idempotency import CLAIM_MARGIN
-from sqsworker.stores import Lease, Record, State, open_store
+from sqsworker.idempotency import CLAIM_MARGIN, RENEW_BELOW
+from sqsworker.stores import STORE_CALL_LIMIT, Lease, Record, State, open_store
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.stores.sqlite import SQLiteStore
 from sqsworker.transports import OutgoingMessage, send_all
@@ -701,3 +701,12 @@ def test_a_dead_claim_keeper_makes_the_worker_not_live(
     health = rig.worker.health()
     assert not health.live and health.as_dict()["claims"] == "exited"
     rig.stop()
+
+
+def test_every_store_call_ends_before_a_claim_being_renewed_could_lapse(tmp_path: Path) -> None:
+    # A renewal goes with RENEW_BELOW of the margin left; the slowest store call, retries
+    # included, must end inside it, or a claim could lapse while its lease lives.
+    assert CLAIM_MARGIN * RENEW_BELOW > STORE_CALL_LIMIT
+    assert open_store(f"sqlite:///{tmp_path}/a.db").timeout * 2 <= STORE_CALL_LIMIT
+    with pytest.raises(ConfigError, match="timeout must be from 0 to 20 seconds"):
+        open_store(f"sqlite:///{tmp_path}/a.db?timeout=30")

@@ -24,6 +24,7 @@ from sqsworker.errors import ConfigError, LeaseLost, TransportError
 from sqsworker.events import Observer, Tally
 from sqsworker.lanes import HANDED_BACK_BEHIND
 from sqsworker.lease import LeaseKeeper
+from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import (
     MAX_BATCH,
     BatchResult,
@@ -671,3 +672,94 @@ def test_a_return_answered_with_a_gone_handle_is_lease_lost_not_retried(
     assert clock.monotonic() - began < 5, "shutdown waited for its timeout"
     assert transport.count("visibility") == 1  # the return was not retried
     assert rig.count("leases_lost") == 1
+
+
+# -- found by the independent review of the fixes ---------------------------------------
+
+
+def test_a_duplicate_found_busy_while_shutdown_drains_is_handed_back(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """A claim answered BUSY after shutdown took the deferred messages: the message was
+    deferred where nobody looks, and shutdown waited its whole timeout with it hidden."""
+
+    class HeldElsewhere(MemoryStore):
+        """Another worker holds every key; a claim waits until ``answer`` is set."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked, self.answer = threading.Event(), threading.Event()
+
+        def claim(self, key: str, owner: str, digest: str, expires_at: float, now: float) -> Any:
+            super().claim(key, "another-worker", digest, expires_at + 1000, now)
+            self.asked.set()
+            self.answer.wait(10)
+            return super().claim(key, owner, digest, expires_at, now)
+
+    store = HeldElsewhere()
+    rig = Rig(memory, clock, lambda message: None, store=store, shutdown_timeout=30)
+    rig.send("a copy")
+    rig.worker.start()
+    assert store.asked.wait(5)
+    result: list[int] = []
+    stopping = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
+    stopping.start()
+    wait_until(lambda: rig.worker._closing, what="shutdown to take the waiting messages")
+    store.answer.set()  # BUSY, now
+    stopping.join(5)  # no fake time passes: a shutdown waiting for its timeout never ends
+    assert result == [0]
+    assert memory.counts("jobs").visible == 1
+
+
+def test_a_retry_delay_sqs_cannot_take_is_refused_where_it_is_raised() -> None:
+    """``Retry(delay=inf)`` escaped the failure path and killed the handler thread."""
+    for delay in (float("inf"), float("nan"), -1.0, 43_201.0):
+        with pytest.raises(ValueError, match="from 0 to 43200 seconds"):
+            Retry(delay=delay)
+
+
+def test_a_store_raising_what_it_should_not_neither_kills_a_thread_nor_strands_a_message(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    class Broken(MemoryStore):
+        def complete(self, *args: Any) -> bool:
+            raise KeyError("expires_at")  # a store's own bug, not a StoreError
+
+    rig = Rig(memory, clock, lambda message: None, concurrency=1, store=Broken())
+    rig.send("a", "b")
+    rig.worker.start()
+    rig.wait_for("deleted", 2)  # the delete goes on; the claim lapses by itself
+    assert rig.count("store_failures") == 2
+    assert rig.worker.health().live
+    assert rig.stop() == 0
+    assert memory.counts("jobs").total == 0
+
+
+def test_a_handler_handed_back_at_the_shutdown_timeout_is_told_its_lease_is_lost(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Past --shutdown-timeout the message is visible to others at once: its handler,
+    still running, must not go on believing it holds it."""
+    gate = Gate()
+    seen: dict[str, object] = {}
+
+    def handler(message: Message) -> None:
+        gate(message)
+        seen["lost"] = message.lease.lost
+        try:
+            seen["extend"] = message.lease.extend(60)
+        except LeaseLost as exc:
+            seen["extend"] = exc
+
+    rig = Rig(memory, clock, handler, concurrency=1, visibility_timeout=30, shutdown_timeout=5)
+    rig.send("a")
+    rig.worker.start()
+    assert gate.started.wait(5)
+    result: list[int] = []
+    stopping = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
+    stopping.start()
+    rig.advance_until(lambda: bool(result))
+    assert result == [1] and memory.counts("jobs").visible == 1
+    gate.release.set()
+    wait_until(lambda: "extend" in seen)
+    assert seen["lost"] is True and isinstance(seen["extend"], LeaseLost)
