@@ -23,6 +23,11 @@ class ImportStringError(ConfigError):
     """A ``MODULE:ATTR`` string that does not name a usable handler."""
 
 
+class HandlerShapeError(ImportStringError, TypeError):
+    """A handler that cannot handle a message (async, a generator, a class, the wrong
+    arguments), refused before any message is received."""
+
+
 class StartupError(SQSWorkerError):
     """The worker cannot start: the queue, the credentials or the endpoint are not usable."""
 

@@ -30,6 +30,8 @@ def import_from_string(spec: str) -> Any:
                 f"{cwd} and the Python path): check the spelling or install the package"
             ) from None
         raise ImportStringError(_raised_inside(module_name, exc)) from None
+    except ImportStringError:
+        raise  # a handler refused as it was decorated: its sentence names it and says the fix
     except Exception as exc:
         raise ImportStringError(_raised_inside(module_name, exc)) from None
 

@@ -1,0 +1,392 @@
+"""Issue 13, defect 14: a handler that cannot handle a message is refused before any message.
+
+An ``async def`` handler's coroutine was never awaited and a class only built an object,
+so their messages were deleted with no work done; a function of no arguments failed every
+message into the dead-letter queue. Each such shape is now refused with one sentence at
+decoration, at ``Handler(...)``, ``as_handler`` and ``Worker(...)``, and by ``sqsworker run``
+with exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sqsworker
+from sqsworker import ConfigError, Handler, Message, Worker, WorkerConfig
+from sqsworker.clock import FakeClock
+from sqsworker.errors import HandlerShapeError, ImportStringError
+from sqsworker.handler import as_handler
+from sqsworker.importer import import_from_string
+from sqsworker.local import LocalSQS
+from sqsworker.transports import send_all
+from sqsworker.transports.memory import MemorySQS
+from sqsworker.transports.sqs import SQSTransport
+
+from ..conftest import unique
+from .helpers import Rig
+
+HERE = __name__  # the module the handlers below are named after
+
+ASYNC = (
+    "async handlers are not supported yet: write it as a plain def "
+    "(calling asyncio.run(...) inside it if it must await)"
+)
+CLASS = (
+    "is a class, and calling a class with a message only constructs an object: decorate a "
+    "function with @sqsworker.handler() instead, or pass an instance of a class that defines "
+    "__call__(self, message)"
+)
+SIGNATURE = "cannot be called with one message (its signature is"
+
+
+# The shapes that cannot work ---------------------------------------------------------
+
+
+async def fetch(message: Message) -> None:
+    pass
+
+
+async def stream(message: Message) -> AsyncIterator[str]:
+    yield message.body
+
+
+def produce(message: Message) -> Iterator[str]:
+    yield message.body
+
+
+class Order:
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+
+def no_arguments() -> None:
+    pass
+
+
+def two_arguments(message: Message, extra: str) -> None:
+    pass
+
+
+def keyword_only(message: Message, *, retries: int) -> None:
+    pass
+
+
+class AsyncCall:
+    async def __call__(self, message: Message) -> None:
+        pass
+
+
+class GeneratorCall:
+    def __call__(self, message: Message) -> Iterator[str]:
+        yield message.body
+
+
+class NoMessageCall:
+    def __call__(self) -> None:
+        pass
+
+
+def marked_async() -> Callable[[Message], Any]:
+    def returns_awaitable(message: Message) -> Any:
+        return fetch(message)
+
+    return inspect.markcoroutinefunction(returns_awaitable)  # type: ignore[attr-defined,no-any-return]
+
+
+BAD_SHAPES = [
+    pytest.param(fetch, f"handler {HERE}.fetch is an async def function, and {ASYNC}", id="async"),
+    pytest.param(
+        stream,
+        f"handler {HERE}.stream is an async generator function, and async handlers are not "
+        "supported yet: write it as a plain def without yield (calling asyncio.run(...) inside "
+        "it if it must await)",
+        id="async-generator",
+    ),
+    pytest.param(
+        produce,
+        f"handler {HERE}.produce is a generator function (it contains yield), so calling it "
+        "returns a generator without running its body: write it as a plain def without yield "
+        "that does the work and returns",
+        id="generator",
+    ),
+    pytest.param(Order, f"handler {HERE}.Order {CLASS}", id="class"),
+    pytest.param(
+        no_arguments,
+        f"handler {HERE}.no_arguments {SIGNATURE} ()): make it take exactly one positional "
+        "argument, like def no_arguments(message)",
+        id="no-arguments",
+    ),
+    pytest.param(
+        two_arguments,
+        f"handler {HERE}.two_arguments {SIGNATURE} (message, extra)): make it "
+        "take exactly one positional argument, like def two_arguments(message)",
+        id="two-arguments",
+    ),
+    pytest.param(
+        keyword_only,
+        f"handler {HERE}.keyword_only {SIGNATURE} (message, *, retries)): "
+        "make it take exactly one positional argument, like def keyword_only(message)",
+        id="required-keyword",
+    ),
+    pytest.param(
+        lambda: None,
+        f"handler {HERE}.<lambda> {SIGNATURE} ()): make it take exactly one positional "
+        "argument, like def process(message)",
+        id="lambda-without-message",
+    ),
+    pytest.param(
+        AsyncCall(),
+        f"handler {HERE}.AsyncCall.__call__ is an async def function, and {ASYNC}",
+        id="instance-with-async-call",
+    ),
+    pytest.param(
+        GeneratorCall(),
+        f"handler {HERE}.GeneratorCall.__call__ is a generator function (it contains yield), "
+        "so calling it returns a generator without running its body: write it as a plain def "
+        "without yield that does the work and returns",
+        id="instance-with-generator-call",
+    ),
+    pytest.param(
+        NoMessageCall(),
+        f"handler {HERE}.NoMessageCall instance {SIGNATURE} ()): give its class a method "
+        "def __call__(self, message)",
+        id="instance-whose-call-takes-no-message",
+    ),
+    pytest.param(
+        functools.partial(fetch),
+        f"handler {HERE}.fetch is an async def function, and {ASYNC}",
+        id="partial-of-async",
+    ),
+    pytest.param(
+        functools.partial(functools.partial(AsyncCall())),
+        f"handler {HERE}.AsyncCall.__call__ is an async def function, and {ASYNC}",
+        id="partial-of-async-instance",
+    ),
+    pytest.param(
+        functools.partial(two_arguments, "message", "extra"),
+        f"handler functools.partial({HERE}.two_arguments, ...) {SIGNATURE} ()): leave exactly "
+        "one positional argument unbound, for the message",
+        id="partial-with-nothing-left",
+    ),
+    pytest.param(
+        functools.partial(Order),
+        f"handler functools.partial({HERE}.Order, ...) {CLASS}",
+        id="partial-of-class",
+    ),
+    pytest.param(
+        marked_async() if hasattr(inspect, "markcoroutinefunction") else None,
+        f"handler {HERE}.marked_async.<locals>.returns_awaitable is an async def function, "
+        f"and {ASYNC}",
+        id="markcoroutinefunction",
+        marks=pytest.mark.skipif(
+            not hasattr(inspect, "markcoroutinefunction"),
+            reason="inspect.markcoroutinefunction is new in Python 3.12",
+        ),
+    ),
+]
+
+
+def decorated(obj: Any) -> object:
+    return sqsworker.handler(queue="jobs")(obj)
+
+
+def constructed(obj: Any) -> object:
+    return Handler(obj, {})
+
+
+def resolved(obj: Any) -> object:
+    return as_handler(obj, "app:thing")
+
+
+def embedded(obj: Any) -> object:
+    memory = MemorySQS(FakeClock())
+    memory.create_queue("jobs")
+    return Worker(obj, WorkerConfig(queue="jobs"), transport=memory.transport("jobs"))
+
+
+@pytest.mark.parametrize("entry", [decorated, constructed, resolved, embedded])
+@pytest.mark.parametrize(("shape", "expected"), BAD_SHAPES)
+def test_a_handler_that_cannot_work_is_refused_in_one_sentence(
+    entry: Callable[[Any], object], shape: object, expected: str
+) -> None:
+    with pytest.raises(HandlerShapeError) as raised:
+        entry(shape)
+    assert str(raised.value) == expected
+    assert isinstance(raised.value, ConfigError)  # what `sqsworker run` answers with exit 2
+    assert isinstance(raised.value, TypeError)  # what a library user expects of a bad callable
+
+
+def test_the_decorator_without_parentheses_is_refused() -> None:
+    """`@sqsworker.handler` bare made the function a queue name and the handler a decorator,
+    which took each message for a function and reported it processed."""
+
+    def process(message: Message) -> None:
+        pass
+
+    with pytest.raises(HandlerShapeError) as raised:
+        sqsworker.handler(process)  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        f"@sqsworker.handler above {HERE}.test_the_decorator_without_parentheses_is_refused."
+        "<locals>.process needs parentheses: write @sqsworker.handler() or "
+        "@sqsworker.handler(queue=...)"
+    )
+
+
+def test_a_builtin_without_a_signature_is_accepted() -> None:
+    with pytest.raises(ValueError, match="no signature found"):
+        inspect.signature(max)
+    assert Handler(max, {}).func is max
+
+
+# The shapes that work ----------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self, seen: list[str]) -> None:
+        self.seen = seen
+
+    def __call__(self, message: Message) -> None:
+        self.seen.append(message.body)
+
+    def record(self, message: Message) -> None:
+        self.seen.append(message.body)
+
+
+def record_into(seen: list[str], message: Message) -> None:
+    seen.append(message.body)
+
+
+def plain(seen: list[str]) -> Callable[[Message], None]:
+    def process(message: Message) -> None:
+        seen.append(message.body)
+
+    return process
+
+
+GOOD_SHAPES = [
+    pytest.param(plain, id="plain-function"),
+    pytest.param(lambda seen: sqsworker.handler(queue="jobs")(plain(seen)), id="decorated"),
+    pytest.param(Recorder, id="callable-instance"),
+    pytest.param(lambda seen: Recorder(seen).record, id="bound-method"),
+    pytest.param(lambda seen: functools.partial(record_into, seen), id="partial-one-left"),
+    pytest.param(lambda seen: lambda message, *rest: seen.append(message.body), id="varargs"),
+]
+
+
+@pytest.mark.parametrize("make", GOOD_SHAPES)
+def test_a_handler_of_one_message_is_accepted_and_does_its_work(
+    memory: MemorySQS, clock: FakeClock, make: Callable[[list[str]], Any]
+) -> None:
+    seen: list[str] = []
+    rig = Rig(memory, clock, make(seen))
+    rig.send("a", "b")
+    rig.worker.start()
+    rig.wait_for("deleted", 2)
+    assert sorted(seen) == ["a", "b"]  # deleted because the handler ran, not instead of it
+    assert rig.stop() == 0
+
+
+# At start --------------------------------------------------------------------------
+
+
+def test_a_module_whose_decorated_handler_is_async_says_that_not_import_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "asyncdecorated.py").write_text(
+        textwrap.dedent("""
+        import sqsworker
+
+        @sqsworker.handler(queue="orders")
+        async def process(message):
+            pass
+        """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "asyncdecorated", raising=False)
+    with pytest.raises(ImportStringError) as raised:
+        import_from_string("asyncdecorated:process")
+    assert (
+        str(raised.value) == f"handler asyncdecorated.process is an async def function, and {ASYNC}"
+    )
+
+
+APPS = {
+    "decorated-async": (
+        """
+        import sqsworker
+
+        @sqsworker.handler()
+        async def thing(message):
+            print("ran", message.body)
+        """,
+        f"handler shapeapp.thing is an async def function, and {ASYNC}",
+    ),
+    "plain-async": (
+        """
+        async def thing(message):
+            print("ran", message.body)
+        """,
+        f"handler shapeapp.thing is an async def function, and {ASYNC}",
+    ),
+    "class": (
+        """
+        class thing:
+            def __init__(self, message):
+                print("ran", message.body)
+        """,
+        f"handler shapeapp.thing {CLASS}",
+    ),
+    "no-arguments": (
+        """
+        def thing():
+            print("ran")
+        """,
+        f"handler shapeapp.thing {SIGNATURE} ()): make it take exactly one positional "
+        "argument, like def thing(message)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("source", "expected"), list(APPS.values()), ids=list(APPS))
+def test_sqsworker_run_refuses_the_handler_with_exit_2_and_leaves_the_queue_alone(
+    local_sqs: LocalSQS,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    source: str,
+    expected: str,
+) -> None:
+    for key, value in local_sqs.env().items():
+        monkeypatch.setenv(key, value)
+    queue = unique("shapes")
+    local_sqs.create_queue(queue, visibility_timeout=30)
+    transport = SQSTransport.connect(queue)
+    send_all(transport, ["order-1"])
+    (tmp_path / "shapeapp.py").write_text(textwrap.dedent(source))
+
+    # --burst and a short poll: were the handler accepted, the run would end (exit 0) soon
+    # after handling the message, rather than at the timeout.
+    command = ["run", "shapeapp:thing", "--queue", queue, "--burst", "--wait-time", "1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "sqsworker.cli", *command, "--metrics-port", "off"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"sqsworker: error: {expected}.\n"
+    assert result.stdout == ""
+    assert transport.counts().visible == 1  # not received, not deleted
+    [envelope] = transport.receive(10, 0, 30)
+    assert (envelope.body, envelope.receive_count) == ("order-1", 1)
+    transport.close()
