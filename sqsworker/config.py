@@ -262,7 +262,13 @@ class WorkerConfig:
                 f"--visibility-timeout ({self.visibility_timeout}) must be at least --wait-time "
                 f"({self.wait_time}) + {RECEIVE_MARGIN}: a lease counts from the start of the "
                 "long poll that returned the message, so a shorter one could run out before the "
-                "message arrives; raise --visibility-timeout or lower --wait-time",
+                f"message arrives; use a visibility timeout of "
+                f"{self.wait_time + RECEIVE_MARGIN} or more"
+                + (
+                    f", or a wait time of {self.visibility_timeout - RECEIVE_MARGIN} or less"
+                    if self.visibility_timeout >= RECEIVE_MARGIN
+                    else ""
+                ),
                 field="visibility_timeout",
             )
         if not self.shutdown_timeout > 0:

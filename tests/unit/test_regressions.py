@@ -148,7 +148,7 @@ def test_a_visibility_timeout_shorter_than_the_long_poll_plus_margin_is_refused(
         WorkerConfig(queue="q", visibility_timeout=8, wait_time=20)
     text = str(raised.value)
     assert "--visibility-timeout (8) must be at least --wait-time (20) + 2" in text
-    assert "raise --visibility-timeout or lower --wait-time" in text
+    assert "use a visibility timeout of 22 or more, or a wait time of 6 or less" in text
     WorkerConfig(queue="q", visibility_timeout=22, wait_time=20)  # the margin exactly: fine
 
 
