@@ -430,9 +430,13 @@ class Recorder(Observer):
         self.handles: set[str] = set()
         self.lost: set[str] = set()
         self.near_cap: set[str] = set()  # at SQS's 12-hour cap: the lease must end
+        self.unsettled = 0  # deletes and returns shutdown could not get SQS to take
 
     def lease_near_cap(self, message: Message, seconds_left: float) -> None:
         self.near_cap.add(message.receipt_handle)
+
+    def shutdown_finished(self, clean: bool, handed_back: int, unsettled: int) -> None:
+        self.unsettled = unsettled
 
     def received(self, messages: Sequence[Message]) -> None:
         self.handles.update(m.receipt_handle for m in messages)
@@ -756,12 +760,17 @@ class World:
         self.clock.errors.clear()
 
     def _check_nothing_stranded(self, running: Running) -> None:
-        """After a clean shutdown no message this worker received is still invisible."""
+        """After a clean shutdown no message this worker received is still invisible; one
+        whose delete or return SQS did not take by the deadline (reported unsettled) is
+        invisible no longer than its lease."""
         if running.shutdown_result != [0]:
             return
         now = self.clock.monotonic()
+        allowed = now + (
+            self.schedule.config["visibility_timeout"] if running.recorder.unsettled else 0
+        )
         for message in self.memory._queues[self.queue_name].messages.values():
-            asked = self.returned_until.get(message.handle or "", now)
+            asked = self.returned_until.get(message.handle or "", allowed)
             ours = message.handle in running.recorder.handles - running.recorder.lost
             if ours and message.visible_at > asked:
                 body = json.loads(message.body)["n"]
