@@ -1,4 +1,4 @@
-"""The fault simulator in the suite: 400 seeded schedules (see world.py for what each
+"""The fault simulator in the suite: 320 seeded schedules (see world.py for what each
 one draws and the invariants it checks). A failure names its seed and how to replay it.
 
 ``SQSWORKER_SIM_BASE=N`` shifts the seeds (N, N+1, ...): the suite's seeds are fixed so
@@ -14,8 +14,8 @@ import pytest
 
 from .world import simulate
 
-SEEDS = 400
-CHUNK = 50  # seeds a test: each test stays far inside the suite's per-test timeout
+SEEDS = 320
+CHUNK = 40  # seeds a test: each test stays far inside the suite's per-test timeout
 BASE = int(os.environ.get("SQSWORKER_SIM_BASE", "0"))
 
 

@@ -101,6 +101,7 @@ class Faults:
     entry_rate: float  # single entries of a batch failing
     store_latency: float = 0.0  # the longest time an idempotency store call takes
     store_error_rate: float = 0.0  # store calls failing (before or after the store acted)
+    deny_deletes: bool = False  # every delete refused (AccessDenied: a policy without it)
     on: bool = True
 
     @property
@@ -113,6 +114,7 @@ class Faults:
             or self.entry_rate
             or self.store_latency > 0.05
             or self.store_error_rate
+            or self.deny_deletes
         )
 
 
@@ -169,7 +171,8 @@ def draw(seed: int) -> Schedule:
         "backoff_base": 1.0,
         "backoff_max": 10.0,
     }
-    count = rng.randint(1, 12)
+    # Now and then a backlog larger than a worker may hold (capacity and a delete batch).
+    count = rng.randint(20, 40) if rng.random() < 0.1 else rng.randint(1, 12)
     plans: dict[int, Plan] = {}
     for n in range(count):
         kind = rng.choices(
@@ -211,6 +214,7 @@ def draw(seed: int) -> Schedule:
         entry_rate=rng.choice([0.0, 0.05]) if faulty else 0.0,
         store_latency=rng.choice([0.0, 0.5, 3.0]) if faulty and keyed else 0.0,
         store_error_rate=rng.choice([0.0, 0.0, 0.05, 0.2]) if faulty and keyed else 0.0,
+        deny_deletes=faulty and rng.random() < 0.1,
     )
     workers = rng.choice([1, 1, 2])
     stops = [(rng.uniform(0, horizon), w) for w in range(workers) if rng.random() < 0.4]
@@ -265,6 +269,8 @@ class SimTransport:
             return TransportError(
                 f"{action}: ServiceUnavailable", code="ServiceUnavailable", retryable=True
             )
+        if action == "DeleteMessageBatch" and faults.deny_deletes:
+            return TransportError(f"{action}: AccessDenied", code="AccessDenied", retryable=False)
         rng = clock.rng
         if rng.random() < faults.fatal_rate:
             return TransportError(f"{action}: AccessDenied", code="AccessDenied", retryable=False)
@@ -285,7 +291,8 @@ class SimTransport:
         fault = self._fault(action)
         latency = self._latency()
         acted_first = clock.rng.random() < 0.5  # a fault after the server acted: answer lost
-        if fault is not None and not acted_first:
+        # SQS checks permissions before it acts: an AccessDenied never did anything.
+        if fault is not None and (not acted_first or fault.code == "AccessDenied"):
             clock.sleep(latency)
             raise fault
         clock.sleep(latency / 2)
