@@ -90,11 +90,6 @@ class Held:
     def extend(self, seconds: int) -> float:
         return self.keeper.extend(self, seconds)
 
-    @property
-    def live(self) -> bool:
-        """Ours to run or settle: not lost, not settled."""
-        return self.state in _LIVE
-
 
 _LIVE = frozenset({State.WAITING, State.RUNNING, State.SETTLING})
 _DISOWNED = "the receipt handle no longer owns the message; it may be delivered again"
