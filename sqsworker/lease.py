@@ -380,7 +380,7 @@ class LeaseKeeper:
         flush = (
             any(op.urgent for op in ready)
             or len(ready) >= MAX_BATCH
-            or any(op.queued_at + self.delete_interval <= now for op in ready)
+            or any(self._send_by(op) <= now for op in ready)
         )
         ops = ready if flush else []
         if ops:
@@ -390,6 +390,12 @@ class LeaseKeeper:
         if any(h.renew_at <= now for h in renewable):
             renewals = [h for h in renewable if h.renew_at <= now + h.timeout / 4]
         return ops, renewals
+
+    def _send_by(self, op: _Op) -> float:
+        """When a queued op goes at the latest: ``delete_interval`` after it was queued, or
+        when its lease would be renewed, if sooner (a return's lease is not renewed, so
+        waiting longer to fill a batch could let it run out first)."""
+        return min(op.queued_at + self.delete_interval, op.held.renew_at)
 
     def _prune(self) -> None:
         """Drop queued ops that can no longer help: a lost lease's return (SQS returns the
@@ -419,7 +425,7 @@ class LeaseKeeper:
     def _next_deadline(self, now: float) -> float | None:
         """The earliest moment ``_due`` or ``_expire`` can find work: exactly their rules."""
         deadlines = [
-            op.not_before if op.urgent else max(op.not_before, op.queued_at + self.delete_interval)
+            op.not_before if op.urgent else max(op.not_before, self._send_by(op))
             for op in self._ops
         ]
         deadlines += [h.renew_at for h in self._renewable()]

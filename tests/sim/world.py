@@ -438,6 +438,7 @@ class Recorder(Observer):
         self.lost: set[str] = set()
         self.near_cap: set[str] = set()  # at SQS's 12-hour cap: the lease must end
         self.unsettled = 0  # deletes and returns shutdown could not get SQS to take
+        self.leased_until: dict[str, float] = {}  # handle -> the end of its last renewal
 
     def lease_near_cap(self, message: Message, seconds_left: float) -> None:
         self.near_cap.add(message.receipt_handle)
@@ -445,8 +446,14 @@ class Recorder(Observer):
     def shutdown_finished(self, clean: bool, handed_back: int, unsettled: int) -> None:
         self.unsettled = unsettled
 
+    def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:
+        until = self.world.clock.monotonic() + seconds  # answered: SQS's end is no later
+        self.leased_until.update((m.receipt_handle, until) for m in messages)
+
     def received(self, messages: Sequence[Message]) -> None:
         self.handles.update(m.receipt_handle for m in messages)
+        until = self.world.clock.monotonic() + self.world.schedule.config["visibility_timeout"]
+        self.leased_until.update((m.receipt_handle, until) for m in messages)
         self.world.handle_ids.update((m.receipt_handle, m.message_id) for m in messages)
 
     def handler_started(self, message: Message) -> None:
@@ -773,11 +780,13 @@ class World:
         if running.shutdown_result != [0]:
             return
         now = self.clock.monotonic()
-        allowed = now + (
-            self.schedule.config["visibility_timeout"] if running.recorder.unsettled else 0
-        )
+        recorder = running.recorder
         for message in self.memory._queues[self.queue_name].messages.values():
-            asked = self.returned_until.get(message.handle or "", allowed)
+            handle = message.handle or ""
+            allowed = (
+                max(now, recorder.leased_until.get(handle, now)) if recorder.unsettled else now
+            )
+            asked = self.returned_until.get(handle, allowed)
             ours = message.handle in running.recorder.handles - running.recorder.lost
             if ours and message.visible_at > asked:
                 body = json.loads(message.body)["n"]

@@ -763,3 +763,26 @@ def test_a_handler_handed_back_at_the_shutdown_timeout_is_told_its_lease_is_lost
     gate.release.set()
     wait_until(lambda: "extend" in seen)
     assert seen["lost"] is True and isinstance(seen["extend"], LeaseLost)
+
+
+def test_a_queued_return_goes_before_its_unrenewed_lease_could_run_out(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Found by the simulator's soak: a return is not renewed while it waits to fill a
+    batch, and waiting the whole --delete-interval let a short lease run out first (a
+    lease lost with no fault at all). It now goes by the time its lease would have been
+    renewed."""
+    memory.create_queue("jobs")
+    transport = memory.transport("jobs")
+    send_all(transport, ["x"])
+    tally = Tally()
+    keeper = LeaseKeeper(transport, clock, tally, delete_interval=1.0)
+    [held] = keeper.add(transport.receive(1, 0, 2), clock.monotonic(), 2)  # renewal due at 1 s
+    keeper.start()
+    assert keeper.begin(held)
+    clock.advance(0.9)
+    keeper.release(held, 5, "retry")  # queued with 1.1 s of its lease left
+    clock.advance(0.1)  # the moment it would have been renewed
+    wait_until(lambda: tally.counts["returned"] == 1, what="the return to go")
+    assert tally.counts["leases_lost"] == 0
+    keeper.stop(give_up_after=1)
