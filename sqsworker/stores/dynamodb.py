@@ -13,6 +13,7 @@ Item: ``key``, ``state`` (in_progress | completed), ``owner``, ``digest``,
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -42,7 +43,8 @@ class DynamoDBStore:
         endpoint_url: str | None = None,
         create: bool = False,
     ) -> DynamoDBStore:
-        region = url.options.get("region") or region
+        # boto3 reads AWS_DEFAULT_REGION only; AWS_REGION is what most AWS tools set.
+        region = url.options.get("region") or region or os.environ.get("AWS_REGION") or None
         endpoint_url = url.options.get("endpoint") or endpoint_url
         # Every call ends within about 30 s, retries included: well inside the time a
         # claim has left when its renewal goes (idempotency.STORE_CALL_LIMIT).
