@@ -1,4 +1,5 @@
-"""``sqsworker run MODULE:ATTR`` and ``sqsworker local``.
+"""``sqsworker run MODULE:ATTR``, ``sqsworker local``, and the commands that operate
+queues (``queues``, ``send``, ``peek``, ``redrive``, ``purge``: see ``operate.py``).
 
 The CLI owns the signals: the first SIGTERM or SIGINT starts a graceful
 shutdown, a second SIGINT forces exit. Exit codes: 0 done, 1 could not start
@@ -84,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     local.add_argument("--queue", action="append", default=[], help="queue to create (repeat)")
     local.add_argument("--host", default="127.0.0.1")
-    local.add_argument("--port", type=int, default=4566)
+    local.add_argument(
+        "--port", type=int, default=4566, help="port to serve on; 0 picks a free one [4566]"
+    )
     local.add_argument(
         "--max-receive-count",
         type=int,
@@ -92,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
         help="receives before a message moves to the dead-letter queue",
     )
     local.add_argument("--visibility-timeout", type=int, default=30)
+    from .commands import add_commands
+
+    add_commands(commands)
     return parser
 
 
@@ -102,7 +108,7 @@ def fail(message: str) -> None:
     print(f"sqsworker: error: {message}", file=sys.stderr)
 
 
-class _Signals:
+class Signals:
     """Signal handlers only set a flag; the main thread acts on it."""
 
     def __init__(self) -> None:
@@ -135,7 +141,7 @@ def run(target: str, cli_options: dict[str, str | None]) -> int:
     if metrics:
         observers.append(metrics)
     worker = Worker(handler, cfg, observer=Observers(observers))
-    signals = _Signals()
+    signals = Signals()
     signals.install()
     server: TelemetryServer | None = None
     if metrics and cfg.metrics_port is not None:
@@ -182,7 +188,11 @@ def local(args: argparse.Namespace) -> int:
         fail(str(exc))
         return EXIT_USAGE
     except OSError as exc:
-        fail(f"could not listen on {args.host}:{args.port} ({exc}); choose another --port")
+        fail(
+            f"could not listen on {args.host}:{args.port} ({exc.strerror or exc}; LocalStack "
+            "or another sqsworker local may be serving there): choose another --port, or "
+            "--port 0 for a free one"
+        )
         return EXIT_STARTUP
     try:
         for name in args.queue:
@@ -200,7 +210,7 @@ def local(args: argparse.Namespace) -> int:
                 f"# queue {name} (dead-letter queue {dlq}, after {args.max_receive_count} receives)"
             )
         sys.stdout.flush()
-        signals = _Signals()
+        signals = Signals()
         signals.install()
         signals.received.wait()
     finally:
@@ -229,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return local(args)
     if args.command == "create-store":
         return create_store(args.url, args.region)
+    if args.command != "run":
+        from .commands import run_command
+
+        return run_command(args)
     options = {f.name: getattr(args, f.name) for f in config.options()}
     return run(args.target, options)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import socket
 import threading
 from types import TracebackType
 from typing import Any
@@ -28,7 +29,8 @@ class LocalSQS:
                 "the embedded SQS needs moto's server: install it with "
                 "pip install 'sqsworker[local]'"
             ) from None
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+        # No line per request, and no traceback for an action moto lacks (it answers 500).
+        logging.getLogger("werkzeug").setLevel(logging.CRITICAL)
         _one_call_at_a_time()
         self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
         self.host = host
@@ -36,6 +38,11 @@ class LocalSQS:
         self.endpoint_url = ""
 
     def start(self) -> LocalSQS:
+        """Serve; ``OSError`` if the port is taken (moto's server would wait forever)."""
+        if self.port:
+            with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((self.host, self.port))
         self._server.start()
         _, port = self._server.get_host_and_port()
         self.port = port

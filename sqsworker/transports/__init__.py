@@ -52,6 +52,7 @@ class QueueInfo:
     maximum_message_size: int = 1_048_576
     dead_letter_arn: str | None = None
     max_receive_count: int | None = None  # from the RedrivePolicy, when there is one
+    content_deduplication: bool = False  # FIFO: ContentBasedDeduplication
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,6 @@ class _Message:
 @dataclass
 class _Queue:
     info: QueueInfo
-    content_dedup: bool = False
     delay_seconds: int = 0
     messages: dict[str, _Message] = field(default_factory=dict)  # in send order
     # FIFO deduplication id -> (forgotten at, message id), oldest first
@@ -167,12 +166,11 @@ class MemorySQS:
             maximum_message_size=int(attributes.get("MaximumMessageSize", 1_048_576)),
             dead_letter_arn=redrive.get("deadLetterTargetArn"),
             max_receive_count=int(redrive["maxReceiveCount"]) if redrive else None,
+            content_deduplication=attributes.get("ContentBasedDeduplication", "").lower() == "true",
         )
         with self._lock:
             self._queues[name] = _Queue(
                 info=info,
-                content_dedup=attributes.get("ContentBasedDeduplication", "false").lower()
-                == "true",
                 delay_seconds=int(attributes.get("DelaySeconds", 0)),
             )
         return info
@@ -503,7 +501,7 @@ class MemorySQS:
         if queue.info.fifo:
             if outgoing.group_id is None:
                 return "MissingParameter", "a FIFO queue needs a MessageGroupId"
-            if outgoing.deduplication_id is None and not queue.content_dedup:
+            if outgoing.deduplication_id is None and not queue.info.content_deduplication:
                 return "InvalidParameterValue", "a FIFO queue needs a MessageDeduplicationId"
             if outgoing.delay_seconds:
                 return "InvalidParameterValue", "FIFO queues take no per-message delay"

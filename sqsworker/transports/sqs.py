@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -132,6 +134,13 @@ class SQSTransport:
         return probe._bind(queue, owns_client=True)
 
     @classmethod
+    def connect_client(
+        cls, *, endpoint_url: str | None = None, region: str | None = None
+    ) -> SQSTransport:
+        """A transport bound to no queue yet: for account-wide calls, and ``open()``."""
+        return cls(_client(endpoint_url, region, 10), _placeholder(""))
+
+    @classmethod
     def reopen(
         cls, info: QueueInfo, *, endpoint_url: str | None = None, region: str | None = None
     ) -> SQSTransport:
@@ -171,6 +180,14 @@ class SQSTransport:
 
     def _queue_url(self, queue: str) -> str:
         if queue.startswith(("https://", "http://")):
+            named = _AWS_QUEUE_URL.match(queue)
+            region = self.client.meta.region_name
+            if named and named["region"] != region:
+                raise StartupError(
+                    f"the queue URL {queue} is in region {named['region']}, but the client is "
+                    f"in {region}: set AWS_REGION={named['region']} or pass --region "
+                    f"{named['region']}"
+                )
             return queue
         kwargs: dict[str, str] = {}
         if queue.startswith("arn:"):
@@ -181,6 +198,12 @@ class SQSTransport:
             queue = parts[5]
         response = self._call("GetQueueUrl", self.client.get_queue_url, QueueName=queue, **kwargs)
         return str(response["QueueUrl"])
+
+    def request(self, action: str, /, attempts: int | None = None, **kwargs: Any) -> Any:
+        """Any SQS action by its API name (``"ListQueues"``), retried and translated as the
+        transport's own calls are."""
+        method = getattr(self.client, re.sub(r"(?<!^)(?=[A-Z])", "_", action).lower())
+        return self._call(action, method, attempts, **kwargs)
 
     def _call(
         self, action: str, method: Callable[..., T], attempts: int | None = None, /, **kwargs: Any
@@ -321,6 +344,7 @@ class SQSTransport:
 
 
 _log = logging.getLogger("sqsworker.transport")
+_AWS_QUEUE_URL = re.compile(r"https://sqs\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?/")
 
 
 def _log_retry(state: RetryCallState) -> None:
@@ -344,6 +368,8 @@ def _client(endpoint_url: str | None, region: str | None, max_connections: int) 
         read_timeout=MAX_WAIT_TIME + 10,  # longer than the longest long poll
         max_pool_connections=max_connections,
     )
+    # boto3 reads AWS_DEFAULT_REGION; most AWS tools (and the Lambda runtime) set AWS_REGION.
+    region = region or os.environ.get("AWS_REGION") or None
     try:
         return boto3.session.Session().client(
             "sqs", endpoint_url=endpoint_url, region_name=region, config=config
@@ -372,6 +398,7 @@ def _queue_info(url: str, raw: Mapping[str, str]) -> QueueInfo:
         maximum_message_size=int(raw.get("MaximumMessageSize", 1_048_576)),
         dead_letter_arn=redrive.get("deadLetterTargetArn"),
         max_receive_count=int(redrive["maxReceiveCount"]) if redrive else None,
+        content_deduplication=raw.get("ContentBasedDeduplication", "false").lower() == "true",
     )
 
 

@@ -1,0 +1,459 @@
+"""The commands that operate queues: ``queues``, ``send``, ``peek``, ``redrive``, ``purge``.
+
+Argument parsing and the terminal live here (rich's tables and progress bars; plain
+columns and no bars when stdout is not a terminal); what each command does to SQS is
+in ``operate.py``. Exit codes as for ``run``: 0 done, 1 SQS or the endpoint failed
+(or some messages were not sent or moved), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import operate
+from .cli import EXIT_STARTUP, EXIT_USAGE, Signals, fail
+from .errors import ConfigError, StartupError, TransportError
+from .operate import Queues, QueueStatus
+from .transports import Envelope
+
+PROGRESS_FROM = 100  # messages: fewer are sent or moved without a progress bar
+BODY_SHOWN = 300  # characters of a body that peek shows
+TASK_POLL = 1.0  # seconds between looks at SQS's message move task
+
+
+def add_commands(commands: Any) -> None:
+    """Add the queue commands to ``sqsworker``'s subcommand parser."""
+
+    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = commands.add_parser(
+            name, help=help, description=description
+        )
+        parser.add_argument("--region", default=None, help="AWS region (default: boto3's)")
+        parser.add_argument(
+            "--endpoint-url",
+            default=None,
+            help="SQS endpoint (default: boto3's, e.g. from AWS_ENDPOINT_URL_SQS)",
+        )
+        return parser
+
+    queues = command(
+        "queues",
+        "list queues: depth, in flight, dead-letter queue",
+        "List the queues whose name starts with PREFIX: messages visible, in flight and "
+        "delayed, the dead-letter queue and its depth, maxReceiveCount, visibility timeout. "
+        "SQS's counts are approximate.",
+    )
+    queues.add_argument("prefix", nargs="?", default="", metavar="PREFIX")
+    queues.add_argument("--json", action="store_true", help="one JSON object per queue")
+    queues.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until Ctrl-C",
+    )
+
+    send = command(
+        "send",
+        "send messages",
+        "Send messages to QUEUE: each BODY argument, else each line of --file (JSON lines: "
+        "one JSON body per line), else each line of standard input. Sent 10 per request. "
+        "Every message is checked before the first is sent.",
+    )
+    send.add_argument("queue", metavar="QUEUE", help="name, URL or ARN")
+    send.add_argument("bodies", nargs="*", metavar="BODY")
+    send.add_argument("--file", default=None, help="a JSON-lines file: one message body a line")
+    send.add_argument(
+        "--attribute",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a message attribute (repeat; NAME:Number=VALUE for a number)",
+    )
+    send.add_argument("--group-id", default=None, help="FIFO: the message group")
+    send.add_argument("--dedup-id", default=None, help="FIFO: the deduplication id")
+    send.add_argument("--delay", type=int, default=0, help="seconds before delivery (0-900)")
+    send.add_argument("--idempotency-key", default=None, help="set the idempotency-key attribute")
+
+    peek = command(
+        "peek",
+        "show messages, and hand them back at once",
+        "Show up to N messages of QUEUE and make each visible again at once. A peek is a "
+        "receive: it adds one to each message's receive count and hides it for a moment. "
+        "On a queue with a dead-letter queue it is refused unless --force.",
+    )
+    peek.add_argument("queue", metavar="QUEUE", help="name, URL or ARN")
+    peek.add_argument("-n", type=int, default=10, help="how many messages at most [10]")
+    peek.add_argument("--force", action="store_true", help="peek a queue that has a DLQ")
+    peek.add_argument("--json", action="store_true", help="the messages as JSON")
+
+    redrive = command(
+        "redrive",
+        "move a dead-letter queue's messages back",
+        "Move the messages of the dead-letter queue DLQ back to the queue they came from "
+        "(or --to QUEUE), by SQS's own message move task where the endpoint has it, else "
+        "here: receive, send, then delete only what was sent (a crash in between can leave "
+        "a copy in both queues). Ctrl-C stops the move.",
+    )
+    redrive.add_argument("dlq", metavar="DLQ", help="the dead-letter queue: name, URL or ARN")
+    redrive.add_argument("--to", default=None, metavar="QUEUE", help="where to move them")
+    redrive.add_argument("--rate", type=int, default=None, help="messages per second (1-500)")
+    redrive.add_argument("--dry-run", action="store_true", help="count, move nothing")
+    redrive.add_argument(
+        "--client-side",
+        action="store_true",
+        help="move the messages here even where SQS could move them",
+    )
+
+    purge = command(
+        "purge",
+        "delete every message of a queue",
+        "Delete every message of QUEUE (PurgeQueue). Asks first, unless --yes. SQS allows "
+        "one purge per queue every 60 seconds, and takes up to 60 seconds to finish one.",
+    )
+    purge.add_argument("queue", metavar="QUEUE", help="name, URL or ARN")
+    purge.add_argument("--yes", action="store_true", help="do not ask")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run one queue command; every error is one sentence and an exit code."""
+    commands: dict[str, Callable[[Queues, argparse.Namespace, Console], int]] = {
+        "queues": _queues,
+        "send": _send,
+        "peek": _peek,
+        "redrive": _redrive,
+        "purge": _purge,
+    }
+    console = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = 1000  # a pipe or a file: whole values, never cut to 80 columns
+    try:
+        queues = Queues.connect(endpoint_url=args.endpoint_url, region=args.region)
+        try:
+            return commands[args.command](queues, args, console)
+        finally:
+            queues.close()
+    except ConfigError as exc:
+        fail(str(exc))
+        return EXIT_USAGE
+    except (StartupError, TransportError) as exc:
+        fail(str(exc))
+        return EXIT_STARTUP
+
+
+def _messages(count: int) -> str:
+    return f"{count} message" if count == 1 else f"{count} messages"
+
+
+# -- queues -------------------------------------------------------------------------------
+
+
+def _queues(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    if args.json:
+        for row in queues.status(args.prefix):
+            print(json.dumps(row.as_dict()))
+        return 0
+    if args.watch is None:
+        console.print(_status_table(queues.status(args.prefix), console))
+        console.print(_STATUS_NOTE)
+        return 0
+    if args.watch <= 0:
+        raise ConfigError(f"--watch {args.watch:g} must be a number of seconds above 0")
+    signals = Signals()
+    signals.install()
+    with Live(console=console, auto_refresh=False) as live:
+        while not signals.received.is_set():
+            table = _status_table(queues.status(args.prefix), console)
+            table.caption = f"{datetime.now():%H:%M:%S}; every {args.watch:g} s; Ctrl-C stops"
+            live.update(table, refresh=True)
+            signals.received.wait(args.watch)
+    return 0
+
+
+_STATUS_NOTE = (
+    "Counts are SQS's approximations (a few seconds behind). SQS's API has no age of the "
+    "oldest message: CloudWatch's ApproximateAgeOfOldestMessage has it."
+)
+
+
+def _status_table(rows: list[QueueStatus], console: Console) -> Table:
+    table = _table(console)
+    for name in ("queue", "visible", "in flight", "delayed", "dead-letter queue", "in DLQ"):
+        table.add_column(name, justify="left" if "queue" in name else "right")
+    for name in ("max receives", "visibility", "FIFO"):
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(
+            row.name,
+            str(row.visible),
+            str(row.in_flight),
+            str(row.delayed),
+            row.dead_letter_queue or "-",
+            "-" if row.dead_letter_visible is None else str(row.dead_letter_visible),
+            "-" if row.max_receive_count is None else str(row.max_receive_count),
+            f"{row.visibility_timeout} s",
+            "yes" if row.fifo else "no",
+        )
+    if not rows:
+        table.caption = "no queues"
+    return table
+
+
+def _table(console: Console) -> Table:
+    """Boxed on a terminal; plain columns for scripts and pipes."""
+    if console.is_terminal:
+        return Table(box=box.SIMPLE_HEAD)
+    return Table(box=None, show_edge=False, pad_edge=False)
+
+
+# -- send ---------------------------------------------------------------------------------
+
+
+def _send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    queue = queues.open(args.queue)
+    messages = operate.outgoing(
+        queue.info,
+        _bodies(args),
+        attributes=args.attribute,
+        group_id=args.group_id,
+        dedup_id=args.dedup_id,
+        delay=args.delay,
+        idempotency_key=args.idempotency_key,
+    )
+    if not messages:
+        raise ConfigError("there was no message to send: the input had no bodies")
+    with _progress(console, "sending", len(messages)) as advance:
+        report = operate.send(queue, messages, advance)
+    for index, code, text in report.failed:
+        console.print(f"message {index} was not sent: {code}: {text}")
+    console.print(f"sent {_messages(report.sent)} to {queue.info.name}", end="")
+    console.print(f"; {len(report.failed)} not sent" if report.failed else "")
+    return 1 if report.failed else 0
+
+
+def _bodies(args: argparse.Namespace) -> list[str]:
+    if args.bodies and args.file:
+        raise ConfigError("give message bodies as arguments or with --file, not both")
+    if args.bodies:
+        return list(args.bodies)
+    if args.file:
+        return _json_lines(args.file)
+    if sys.stdin.isatty():
+        raise ConfigError(
+            "there is no message to send: give bodies as arguments, a JSON-lines file with "
+            "--file, or lines on standard input"
+        )
+    return [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
+
+
+def _json_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = file.readlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read --file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--file {path} is not UTF-8 text: give a JSON-lines file") from None
+    bodies = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"line {number} of {path} is not JSON ({exc.msg}): each line of --file is "
+                "one JSON message body"
+            ) from None
+        bodies.append(line.strip())
+    return bodies
+
+
+@contextmanager
+def _progress(console: Console, what: str, total: int | None) -> Iterator[Callable[[int], None]]:
+    """A progress bar on a terminal for large jobs; otherwise nothing."""
+    if not console.is_terminal or (total is not None and total < PROGRESS_FROM):
+        yield lambda done: None
+        return
+    columns = (TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(what, total=total)
+        yield lambda done: progress.advance(task, done)
+
+
+# -- peek ---------------------------------------------------------------------------------
+
+
+def _peek(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    if not 1 <= args.n <= 100:
+        raise ConfigError(f"-n {args.n} is out of range: peek shows 1 to 100 messages")
+    queue = queues.open(args.queue)
+    refusal = operate.refuse_peek(queue.info)
+    if refusal and not args.force:
+        raise ConfigError(refusal)
+    messages = operate.peek(queue, args.n)
+    if args.json:
+        print(json.dumps([_as_dict(m) for m in messages], indent=2))
+        return 0
+    console.print(
+        f"{_messages(len(messages))} of {queue.info.name}, "
+        "each visible again now. A peek is a receive: each receive count went up by one."
+    )
+    for envelope in messages:
+        console.print()
+        table = Table(box=None, show_header=False, pad_edge=False)
+        table.add_column(style="bold")
+        table.add_column(overflow="fold")
+        for name, value in _shown(envelope):
+            table.add_row(name, value)
+        console.print(table)
+    return 0
+
+
+def _shown(envelope: Envelope) -> list[tuple[str, str]]:
+    attributes = envelope.attributes
+    rows = [
+        ("message id", envelope.message_id),
+        ("receive count", attributes.get("ApproximateReceiveCount", "?")),
+        ("sent", _when(attributes.get("SentTimestamp"))),
+    ]
+    if "MessageGroupId" in attributes:
+        rows.append(("group", attributes["MessageGroupId"]))
+    for name, value in envelope.message_attributes.items():
+        shown = value.get("StringValue", f"<{len(value.get('BinaryValue', b''))} bytes>")
+        label = {
+            "sqsworker-error": "handler error",
+            "sqsworker-source-message-id": "source message id",
+        }.get(name, f"attribute {name}")
+        rows.append((label, str(shown)))
+    body = envelope.body
+    if len(body) > BODY_SHOWN:
+        body = body[:BODY_SHOWN] + f"... ({len(body):,} characters)"
+    rows.append(("body", body))
+    return rows
+
+
+def _when(millis: str | None) -> str:
+    if not millis:
+        return "?"
+    return datetime.fromtimestamp(int(millis) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _as_dict(envelope: Envelope) -> dict[str, Any]:
+    return {
+        "message_id": envelope.message_id,
+        "body": envelope.body,
+        "attributes": dict(envelope.attributes),
+        "message_attributes": {
+            name: {k: v for k, v in value.items() if k != "BinaryValue"}
+            for name, value in envelope.message_attributes.items()
+        },
+    }
+
+
+# -- redrive ------------------------------------------------------------------------------
+
+
+def _redrive(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    dlq = queues.open(args.dlq)
+    to = queues.open(args.to) if args.to else None
+    redrive = operate.Redrive(queues, dlq, to, rate=args.rate)
+    pending = redrive.pending()
+    where = f"from {dlq.info.name} to {redrive.destination_name}"
+    if args.dry_run:
+        console.print(f"would move about {_messages(pending)} {where} (nothing was moved)")
+        return 0
+    signals = Signals()
+    signals.install()
+    handle = None if args.client_side else redrive.start()
+    if handle is not None:
+        return _watch_task(redrive, handle, pending, where, signals, console)
+    if not args.client_side:
+        console.print(
+            "this endpoint has no message move task (StartMessageMoveTask): moving the "
+            "messages here instead"
+        )
+    with _progress(console, "moving", pending if pending >= PROGRESS_FROM else None) as step:
+        report = redrive.move_here(step, signals.received.is_set)
+    console.print(f"moved {_messages(report.moved)} {where}", end="")
+    if report.status == "CANCELLED":
+        console.print("; stopped by Ctrl-C (the rest are still in the DLQ)")
+    elif report.failed:
+        console.print(f"; {report.failed} could not be sent and stay in the DLQ")
+    else:
+        console.print()
+    return 1 if report.failed else 0
+
+
+def _watch_task(
+    redrive: operate.Redrive,
+    handle: str,
+    pending: int,
+    where: str,
+    signals: Signals,
+    console: Console,
+) -> int:
+    """Follow SQS's move task to its end; Ctrl-C cancels it."""
+    task: dict[str, Any] = {}
+    with _progress(console, "moving", None) as advance:
+        shown = 0
+        while True:
+            task = redrive.task(handle)
+            moved = int(task.get("ApproximateNumberOfMessagesMoved", 0))
+            advance(moved - shown)
+            shown = moved
+            if task.get("Status") != "RUNNING":
+                break
+            if signals.received.is_set():
+                moved = redrive.cancel(handle)
+                console.print(f"cancelled the move task after about {_messages(moved)} {where}")
+                return 1
+            signals.received.wait(TASK_POLL)
+    status = task.get("Status", "UNKNOWN")
+    moved = int(task.get("ApproximateNumberOfMessagesMoved", 0))
+    if status == "COMPLETED":
+        console.print(f"SQS moved about {_messages(moved)} {where}")
+        return 0
+    reason = task.get("FailureReason", "")
+    console.print(f"the move task ended {status} after about {_messages(moved)} {where}: {reason}")
+    return 1
+
+
+# -- purge --------------------------------------------------------------------------------
+
+
+def _purge(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    queue = queues.open(args.queue)
+    counts = queue.counts()
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError(
+                f"purge deletes every message of {queue.info.name}: confirm with --yes"
+            )
+        answer = console.input(
+            f"Delete every message of {queue.info.name} (about {counts.total}), for good? "
+            "Type the queue's name to confirm: "
+        )
+        if answer.strip() != queue.info.name:
+            console.print("nothing was purged")
+            return EXIT_USAGE
+    queues.purge(queue)
+    console.print(
+        f"purged {queue.info.name} (about {_messages(counts.total)}); SQS takes up to 60 s to "
+        "finish, and allows the next purge of this queue after 60 s"
+    )
+    return 0

@@ -1,0 +1,481 @@
+"""Operating queues: what ``sqsworker queues``, ``send``, ``peek``, ``redrive`` and
+``purge`` do, without the terminal (``cli.py`` draws the tables and progress bars).
+
+Every SQS call goes through the boto3 transport, so these commands follow the same
+credential, region and endpoint rules as ``sqsworker run``, and their errors read
+the same. Input that cannot work raises ``ConfigError`` before anything is sent,
+received or deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError, StartupError, TransportError
+from .keys import KEY_ATTRIBUTE
+from .transports import Envelope, OutgoingMessage, QueueInfo
+from .transports.sqs import SQSTransport
+
+MAX_BATCH = 10
+MAX_REQUEST_BYTES = 1_048_576  # SendMessageBatch: the whole request's payload
+MAX_DELAY = 900
+MAX_MOVE_RATE = 500  # StartMessageMoveTask's MaxNumberOfMessagesPerSecond
+PEEK_HOLD = 20  # seconds a peeked message would stay hidden if the hand-back failed
+MOVE_HOLD = 60  # seconds a message being moved by hand stays hidden in the DLQ
+# Answers of an endpoint that has no StartMessageMoveTask (moto answers 500).
+UNSUPPORTED_CODES = frozenset(
+    {"InvalidAction", "UnsupportedOperation", "NotImplemented", "UnknownOperationException", "500"}
+)
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """One row of ``sqsworker queues``. SQS's counts are approximate (eventually
+    consistent, a few seconds behind); SQS's API has no age of the oldest message
+    (that is CloudWatch's ApproximateAgeOfOldestMessage)."""
+
+    name: str
+    url: str
+    visible: int
+    in_flight: int
+    delayed: int
+    fifo: bool
+    visibility_timeout: int
+    dead_letter_queue: str | None = None
+    dead_letter_visible: int | None = None
+    max_receive_count: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass
+class SendReport:
+    sent: int = 0
+    failed: list[tuple[int, str, str]] = field(default_factory=list)  # index, code, message
+
+
+@dataclass
+class MoveReport:
+    """What a redrive did. ``task`` is SQS's task handle when SQS moved the messages."""
+
+    source: str
+    destination: str
+    moved: int = 0
+    to_move: int | None = None
+    failed: int = 0
+    status: str = "COMPLETED"
+    task: str | None = None
+    server_side: bool = True
+    reason: str | None = None  # why the messages were moved here rather than by SQS
+
+
+class Queues:
+    """The queues of one account and region, reached as ``sqsworker run`` reaches them."""
+
+    def __init__(self, sqs: SQSTransport) -> None:
+        self.sqs = sqs
+
+    @classmethod
+    def connect(cls, *, endpoint_url: str | None = None, region: str | None = None) -> Queues:
+        return cls(SQSTransport.connect_client(endpoint_url=endpoint_url, region=region))
+
+    def open(self, queue: str) -> SQSTransport:
+        """``queue`` (name, URL or ARN), or one sentence saying why it cannot be used."""
+        return self.sqs.open(queue)
+
+    def close(self) -> None:
+        self.sqs.close()
+
+    # -- queues ----------------------------------------------------------------------
+
+    def status(self, prefix: str = "") -> list[QueueStatus]:
+        urls = self._list(prefix)
+        raw = {url: self._attributes(url) for url in urls}
+        by_arn = {attrs.get("QueueArn"): url for url, attrs in raw.items()}
+        rows = []
+        for url, attrs in raw.items():
+            redrive = json.loads(attrs["RedrivePolicy"]) if attrs.get("RedrivePolicy") else {}
+            dlq_arn = redrive.get("deadLetterTargetArn")
+            dlq_visible = None
+            if dlq_arn:
+                dlq_url = by_arn.get(dlq_arn) or self._url_of_arn(dlq_arn)
+                if dlq_url is not None:
+                    dlq_attrs = raw.get(dlq_url) or self._attributes(dlq_url)
+                    dlq_visible = int(dlq_attrs.get("ApproximateNumberOfMessages", 0))
+            rows.append(
+                QueueStatus(
+                    name=url.rstrip("/").rsplit("/", 1)[-1],
+                    url=url,
+                    visible=int(attrs.get("ApproximateNumberOfMessages", 0)),
+                    in_flight=int(attrs.get("ApproximateNumberOfMessagesNotVisible", 0)),
+                    delayed=int(attrs.get("ApproximateNumberOfMessagesDelayed", 0)),
+                    fifo=attrs.get("FifoQueue", "false").lower() == "true",
+                    visibility_timeout=int(attrs.get("VisibilityTimeout", 30)),
+                    dead_letter_queue=dlq_arn.rsplit(":", 1)[-1] if dlq_arn else None,
+                    dead_letter_visible=dlq_visible,
+                    max_receive_count=int(redrive["maxReceiveCount"]) if redrive else None,
+                )
+            )
+        return sorted(rows, key=lambda row: row.name)
+
+    def _list(self, prefix: str) -> list[str]:
+        urls: list[str] = []
+        kwargs: dict[str, Any] = {"MaxResults": 1000}
+        if prefix:
+            kwargs["QueueNamePrefix"] = prefix
+        while True:
+            page = self.sqs.request("ListQueues", **kwargs)
+            urls += page.get("QueueUrls", [])
+            if not page.get("NextToken"):
+                return urls
+            kwargs["NextToken"] = page["NextToken"]
+
+    def _attributes(self, url: str) -> dict[str, str]:
+        try:
+            answer = self.sqs.request("GetQueueAttributes", QueueUrl=url, AttributeNames=["All"])
+        except TransportError as exc:
+            if exc.code in ("QueueDoesNotExist", "NonExistentQueue"):
+                return {}  # deleted since it was listed
+            raise
+        return dict(answer.get("Attributes", {}))
+
+    def _url_of_arn(self, arn: str) -> str | None:
+        try:
+            return self.open(arn).info.url
+        except StartupError:
+            return None
+
+    # -- purge ------------------------------------------------------------------------
+
+    def purge(self, queue: SQSTransport) -> None:
+        try:
+            queue.request("PurgeQueue", QueueUrl=queue.info.url)
+        except TransportError as exc:
+            if exc.code == "PurgeQueueInProgress":
+                raise ConfigError(
+                    f"{queue.info.name} was purged less than 60 seconds ago, and SQS allows one "
+                    "purge per queue every 60 seconds: try again in a minute"
+                ) from None
+            raise
+
+    # -- dead-letter queues -----------------------------------------------------------
+
+    def sources_of(self, dlq: SQSTransport) -> list[str]:
+        """The URLs of the queues whose redrive policy names ``dlq``."""
+        urls: list[str] = []
+        kwargs: dict[str, Any] = {"QueueUrl": dlq.info.url, "MaxResults": 1000}
+        while True:
+            page = dlq.request("ListDeadLetterSourceQueues", **kwargs)
+            urls += page.get("queueUrls", [])
+            if not page.get("NextToken"):
+                return urls
+            kwargs["NextToken"] = page["NextToken"]
+
+
+# -- send -------------------------------------------------------------------------------
+
+
+def parse_attribute(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME=VALUE`` (a String) or ``NAME:Number=VALUE`` as an SQS message attribute."""
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise ConfigError(f"the attribute {text!r} has no '=': write it as NAME=VALUE")
+    name, _, kind = name.partition(":")
+    kind = kind or "String"
+    if kind.split(".", 1)[0] not in ("String", "Number"):
+        raise ConfigError(
+            f"the attribute {text!r} has the type {kind!r}: use String or Number "
+            "(NAME=VALUE or NAME:Number=VALUE)"
+        )
+    return name, {"DataType": kind, "StringValue": value}
+
+
+def outgoing(
+    info: QueueInfo,
+    bodies: Iterable[str],
+    *,
+    attributes: Sequence[str] = (),
+    group_id: str | None = None,
+    dedup_id: str | None = None,
+    delay: int = 0,
+    idempotency_key: str | None = None,
+) -> list[OutgoingMessage]:
+    """The messages to send, every one checked against what ``info``'s queue accepts."""
+    message_attributes = dict(parse_attribute(a) for a in attributes)
+    if idempotency_key is not None:
+        message_attributes[KEY_ATTRIBUTE] = {"DataType": "String", "StringValue": idempotency_key}
+    if len(message_attributes) > 10:
+        raise ConfigError(
+            f"{len(message_attributes)} message attributes were given; SQS takes at most 10"
+        )
+    if info.fifo:
+        if group_id is None:
+            raise ConfigError(
+                f"{info.name} is a FIFO queue: pass --group-id (the message group, e.g. an "
+                "order or customer id)"
+            )
+        if dedup_id is None and not info.content_deduplication:
+            raise ConfigError(
+                f"{info.name} is a FIFO queue without content-based deduplication: pass "
+                "--dedup-id, or enable ContentBasedDeduplication on the queue"
+            )
+        if delay:
+            raise ConfigError(
+                f"{info.name} is a FIFO queue, which has no per-message delay: drop --delay "
+                "(or set the queue's DelaySeconds)"
+            )
+    elif group_id is not None or dedup_id is not None:
+        raise ConfigError(
+            f"{info.name} is a standard queue: --group-id and --dedup-id are for FIFO queues"
+        )
+    if not 0 <= delay <= MAX_DELAY:
+        raise ConfigError(f"--delay {delay} is out of range: SQS delays 0 to 900 seconds")
+    messages = [
+        OutgoingMessage(
+            body,
+            message_attributes=message_attributes,
+            delay_seconds=delay,
+            group_id=group_id,
+            deduplication_id=dedup_id,
+        )
+        for body in bodies
+    ]
+    for index, message in enumerate(messages, 1):
+        if not message.body:
+            raise ConfigError(f"message {index} is empty: SQS does not accept an empty body")
+        size = message_size(message)
+        if size > info.maximum_message_size:
+            raise ConfigError(
+                f"message {index} is {size:,} bytes with its attributes; {info.name} takes at "
+                f"most {info.maximum_message_size:,}: send a smaller body (or its S3 location)"
+            )
+    return messages
+
+
+def message_size(message: OutgoingMessage) -> int:
+    """The bytes SQS counts against the message size limit: body, attribute names,
+    types and values."""
+    size = len(message.body.encode())
+    for name, value in message.message_attributes.items():
+        size += len(name.encode()) + len(str(value.get("DataType", "")).encode())
+        size += len(str(value.get("StringValue", "")).encode())
+        size += len(value.get("BinaryValue", b"") or b"")
+    return size
+
+
+def batches(messages: Sequence[OutgoingMessage]) -> Iterator[list[OutgoingMessage]]:
+    """Batches of at most 10 messages and 1 MiB in all, in order."""
+    batch: list[OutgoingMessage] = []
+    size = 0
+    for message in messages:
+        length = message_size(message)
+        if batch and (len(batch) == MAX_BATCH or size + length > MAX_REQUEST_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(message)
+        size += length
+    if batch:
+        yield batch
+
+
+def send(
+    queue: SQSTransport,
+    messages: Sequence[OutgoingMessage],
+    progress: Callable[[int], None] = lambda sent: None,
+) -> SendReport:
+    """Send ``messages`` in batches; every entry SQS refused is reported by its index."""
+    report = SendReport()
+    first = 0
+    for batch in batches(messages):
+        result = queue.send_batch(batch)
+        report.sent += len(result.succeeded)
+        for failure in result.failed:
+            report.failed.append((first + int(failure.id) + 1, failure.code, failure.message))
+        first += len(batch)
+        progress(len(batch))
+    return report
+
+
+# -- peek -------------------------------------------------------------------------------
+
+
+def refuse_peek(info: QueueInfo) -> str | None:
+    """Why a peek of ``info``'s queue could do harm (None when it cannot)."""
+    if info.dead_letter_arn is None:
+        return None
+    dlq = info.dead_letter_arn.rsplit(":", 1)[-1]
+    return (
+        f"a peek is a receive: on {info.name} it adds one to each message's receive count, "
+        f"and a message at its maxReceiveCount ({info.max_receive_count}) would move to {dlq}. "
+        "Peek the dead-letter queue instead, or pass --force"
+    )
+
+
+def peek(queue: SQSTransport, count: int, *, wait: int = 1) -> list[Envelope]:
+    """Receive up to ``count`` messages and hand every one back at once (visible again)."""
+    seen: list[Envelope] = []
+    try:
+        while len(seen) < count:
+            got = queue.receive(min(MAX_BATCH, count - len(seen)), wait, PEEK_HOLD)
+            if not got:
+                break
+            seen += got
+    finally:
+        hand_back(queue, seen)
+    return seen
+
+
+def hand_back(queue: SQSTransport, messages: Sequence[Envelope]) -> None:
+    for first in range(0, len(messages), MAX_BATCH):
+        part = messages[first : first + MAX_BATCH]
+        queue.change_visibility_batch([(str(i), m.receipt_handle, 0) for i, m in enumerate(part)])
+
+
+# -- redrive ----------------------------------------------------------------------------
+
+
+class Redrive:
+    """Move a dead-letter queue's messages back: by SQS (StartMessageMoveTask) where the
+    endpoint has it, else here (receive, send, then delete only what was sent)."""
+
+    def __init__(
+        self,
+        queues: Queues,
+        dlq: SQSTransport,
+        destination: SQSTransport | None,
+        *,
+        rate: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if rate is not None and not 1 <= rate <= MAX_MOVE_RATE:
+            raise ConfigError(f"--rate {rate} is out of range: SQS moves 1 to 500 messages/s")
+        self.queues = queues
+        self.dlq = dlq
+        self.rate = rate
+        self.sleep = sleep
+        sources = queues.sources_of(dlq)
+        if not sources:
+            raise ConfigError(
+                f"{dlq.info.name} is not the dead-letter queue of any queue: redrive moves "
+                "messages out of a dead-letter queue; name the queue's DLQ"
+            )
+        if destination is None and len(sources) == 1:
+            destination = queues.open(sources[0])
+        self.destination = destination
+        self.sources = sources
+
+    @property
+    def destination_name(self) -> str:
+        if self.destination is not None:
+            return self.destination.info.name
+        return "the queues they came from"
+
+    def pending(self) -> int:
+        return self.dlq.counts().visible
+
+    def running_task(self) -> dict[str, Any] | None:
+        """The move task running on this DLQ, if the endpoint knows of one."""
+        try:
+            tasks = self._tasks()
+        except TransportError as exc:
+            if exc.code in UNSUPPORTED_CODES:
+                return None
+            raise
+        return next((t for t in tasks if t.get("Status") == "RUNNING"), None)
+
+    def start(self) -> str | None:
+        """Start SQS's move task; its handle, or None when the endpoint has no such task."""
+        running = self.running_task()
+        if running is not None:
+            raise ConfigError(
+                f"a redrive of {self.dlq.info.name} is already running (SQS allows one per "
+                f"queue; {running.get('ApproximateNumberOfMessagesMoved', 0)} moved so far): "
+                "wait for it to finish, or cancel it with Ctrl-C where it was started"
+            )
+        kwargs: dict[str, Any] = {"SourceArn": self.dlq.info.arn}
+        if self.destination is not None:
+            kwargs["DestinationArn"] = self.destination.info.arn
+        if self.rate is not None:
+            kwargs["MaxNumberOfMessagesPerSecond"] = self.rate
+        try:
+            answer = self.dlq.request("StartMessageMoveTask", 1, **kwargs)
+        except TransportError as exc:
+            if exc.code in UNSUPPORTED_CODES:
+                return None
+            raise
+        return str(answer["TaskHandle"])
+
+    def task(self, handle: str) -> dict[str, Any]:
+        for task in self._tasks():
+            if task.get("TaskHandle") == handle or task.get("Status") == "RUNNING":
+                return task
+        return {}
+
+    def cancel(self, handle: str) -> int:
+        answer = self.dlq.request("CancelMessageMoveTask", TaskHandle=handle)
+        return int(answer.get("ApproximateNumberOfMessagesMoved", 0))
+
+    def _tasks(self) -> list[dict[str, Any]]:
+        answer = self.dlq.request("ListMessageMoveTasks", 1, SourceArn=self.dlq.info.arn)
+        return list(answer.get("Results", []))
+
+    def move_here(
+        self,
+        progress: Callable[[int], None] = lambda moved: None,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> MoveReport:
+        """Receive from the DLQ, send to the destination, delete what was sent; until the
+        DLQ answers empty, ``stop()`` says so, or a send fails. A crash between a send and
+        its delete leaves the message in both queues."""
+        if self.destination is None:
+            raise ConfigError(
+                f"{self.dlq.info.name} is the dead-letter queue of {len(self.sources)} queues; "
+                "this endpoint cannot route each message back to its own: name one with --to"
+            )
+        report = MoveReport(self.dlq.info.name, self.destination.info.name, server_side=False)
+        began = time.monotonic()
+        while not stop():
+            got = self.dlq.receive(MAX_BATCH, 1, MOVE_HOLD)
+            if not got:
+                break
+            moved = self._move(got)
+            report.moved += moved
+            report.failed += len(got) - moved
+            progress(moved)
+            if moved < len(got):
+                report.status = "FAILED"
+                break
+            if self.rate is not None:  # no faster than --rate on average
+                ahead = report.moved / self.rate - (time.monotonic() - began)
+                if ahead > 0:
+                    self.sleep(ahead)
+        else:  # stop() said so (Ctrl-C): what was received is moved or handed back
+            report.status = "CANCELLED"
+        return report
+
+    def _move(self, messages: Sequence[Envelope]) -> int:
+        """Send ``messages`` on and delete those sent; the rest are handed back at once."""
+        assert self.destination is not None
+        fifo = self.destination.info.fifo
+        copies = [
+            OutgoingMessage(
+                m.body,
+                message_attributes=m.message_attributes,
+                group_id=(m.attributes.get("MessageGroupId") or "redrive") if fifo else None,
+                deduplication_id=(m.attributes.get("MessageDeduplicationId") or m.message_id)
+                if fifo
+                else None,
+            )
+            for m in messages
+        ]
+        sent = self.destination.send_batch(copies)
+        done = [messages[int(i)] for i in sent.succeeded]
+        if done:
+            self.dlq.delete_batch([(str(i), m.receipt_handle) for i, m in enumerate(done)])
+        hand_back(self.dlq, [messages[int(f.id)] for f in sent.failed])
+        return len(done)

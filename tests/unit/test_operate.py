@@ -1,0 +1,211 @@
+"""The queue commands where moto cannot serve them: SQS's message move task and a partly
+refused send, with the API's requests and answers pinned (botocore's Stubber checks each
+request against SQS's model); and the pieces with no SQS behind them."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from sqsworker import commands
+from sqsworker.cli import main
+from sqsworker.errors import ConfigError, StartupError
+from sqsworker.operate import Queues, batches, parse_attribute
+from sqsworker.transports import OutgoingMessage, QueueInfo
+from sqsworker.transports.sqs import SQSTransport
+
+ACCOUNT = "123456789012"
+DLQ_URL = f"https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/orders-dlq"
+DLQ_ARN = f"arn:aws:sqs:us-east-1:{ACCOUNT}:orders-dlq"
+URL = f"https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/orders"
+ARN = f"arn:aws:sqs:us-east-1:{ACCOUNT}:orders"
+COUNTS = [
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+]
+
+
+@pytest.fixture
+def sqs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stubber]:
+    """The commands' SQS client, every call pinned: a call not expected fails the test."""
+    client = boto3.client(
+        "sqs", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+    )
+    stubber = Stubber(client)
+    queues = Queues(SQSTransport(client, QueueInfo(url="", name="", arn="")))
+    monkeypatch.setattr(Queues, "connect", classmethod(lambda cls, **kwargs: queues))
+    monkeypatch.setattr(commands, "TASK_POLL", 0.0)
+    with stubber:
+        yield stubber
+        stubber.assert_no_pending_responses()
+
+
+class Interrupted:
+    """A Ctrl-C that arrived before the command looked."""
+
+    def __init__(self) -> None:
+        self.received = threading.Event()
+        self.received.set()
+
+    def install(self) -> None:
+        pass
+
+
+def expect_open(sqs: Stubber, url: str, arn: str, **attributes: str) -> None:
+    sqs.add_response(
+        "get_queue_attributes",
+        {"Attributes": {"QueueArn": arn, **attributes}},
+        {"QueueUrl": url, "AttributeNames": ["All"]},
+    )
+
+
+def expect_redrive_start(sqs: Stubber, tasks: list[dict[str, Any]]) -> None:
+    """Open the DLQ, find its one source, count it, and look for a running task."""
+    expect_open(sqs, DLQ_URL, DLQ_ARN)
+    sqs.add_response(
+        "list_dead_letter_source_queues",
+        {"queueUrls": [URL]},
+        {"QueueUrl": DLQ_URL, "MaxResults": 1000},
+    )
+    policy = json.dumps({"deadLetterTargetArn": DLQ_ARN, "maxReceiveCount": 3})
+    expect_open(sqs, URL, ARN, RedrivePolicy=policy)
+    sqs.add_response(
+        "get_queue_attributes",
+        {"Attributes": {COUNTS[0]: "12", COUNTS[1]: "0", COUNTS[2]: "0"}},
+        {"QueueUrl": DLQ_URL, "AttributeNames": COUNTS},
+    )
+    sqs.add_response("list_message_move_tasks", {"Results": tasks}, {"SourceArn": DLQ_ARN})
+
+
+def task(status: str, moved: int, **more: Any) -> dict[str, Any]:
+    return {
+        "TaskHandle": "task-1",
+        "Status": status,
+        "SourceArn": DLQ_ARN,
+        "ApproximateNumberOfMessagesMoved": moved,
+        "ApproximateNumberOfMessagesToMove": 12,
+        **more,
+    }
+
+
+def test_redrive_starts_sqs_move_task_and_follows_it_to_the_end(
+    sqs: Stubber, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expect_redrive_start(sqs, tasks=[task("COMPLETED", 4)])  # an old task, ended
+    sqs.add_response(
+        "start_message_move_task",
+        {"TaskHandle": "task-1"},
+        {"SourceArn": DLQ_ARN, "DestinationArn": ARN, "MaxNumberOfMessagesPerSecond": 50},
+    )
+    for status, moved in [("RUNNING", 5), ("COMPLETED", 12)]:
+        sqs.add_response(
+            "list_message_move_tasks", {"Results": [task(status, moved)]}, {"SourceArn": DLQ_ARN}
+        )
+    assert main(["redrive", DLQ_URL, "--rate", "50"]) == 0
+    assert capsys.readouterr().out == "SQS moved about 12 messages from orders-dlq to orders\n"
+
+
+def test_ctrl_c_cancels_sqs_move_task(
+    sqs: Stubber, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(commands, "Signals", Interrupted)
+    expect_redrive_start(sqs, tasks=[])
+    sqs.add_response(
+        "start_message_move_task",
+        {"TaskHandle": "task-1"},
+        {"SourceArn": DLQ_ARN, "DestinationArn": ARN},
+    )
+    sqs.add_response(
+        "list_message_move_tasks", {"Results": [task("RUNNING", 3)]}, {"SourceArn": DLQ_ARN}
+    )
+    sqs.add_response(
+        "cancel_message_move_task",
+        {"ApproximateNumberOfMessagesMoved": 3},
+        {"TaskHandle": "task-1"},
+    )
+    assert main(["redrive", DLQ_URL]) == 1
+    out = capsys.readouterr().out
+    assert out == "cancelled the move task after about 3 messages from orders-dlq to orders\n"
+
+
+def test_a_second_redrive_while_one_runs_is_refused_and_starts_nothing(
+    sqs: Stubber, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expect_redrive_start(sqs, tasks=[task("RUNNING", 7)])
+    assert main(["redrive", DLQ_URL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sqsworker: error: a redrive of orders-dlq is already running")
+    assert "7 moved so far" in err
+
+
+def test_a_failed_move_task_says_why(sqs: Stubber, capsys: pytest.CaptureFixture[str]) -> None:
+    expect_redrive_start(sqs, tasks=[])
+    sqs.add_response(
+        "start_message_move_task",
+        {"TaskHandle": "task-1"},
+        {"SourceArn": DLQ_ARN, "DestinationArn": ARN},
+    )
+    failed = task("FAILED", 2, FailureReason="AWS.SimpleQueueService.NonExistentQueue")
+    sqs.add_response("list_message_move_tasks", {"Results": [failed]}, {"SourceArn": DLQ_ARN})
+    assert main(["redrive", DLQ_URL]) == 1
+    assert "ended FAILED after about 2 messages" in capsys.readouterr().out
+
+
+def test_send_reports_each_refused_entry_by_its_place_and_exits_1(
+    sqs: Stubber, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expect_open(sqs, URL, ARN)
+    sqs.add_response(
+        "send_message_batch",
+        {
+            "Successful": [{"Id": "0", "MessageId": "m-0", "MD5OfMessageBody": "x"}],
+            "Failed": [
+                {"Id": "1", "SenderFault": True, "Code": "InvalidMessageContents", "Message": "no"}
+            ],
+        },
+        {
+            "QueueUrl": URL,
+            "Entries": [{"Id": "0", "MessageBody": "a"}, {"Id": "1", "MessageBody": "b"}],
+        },
+    )
+    assert main(["send", URL, "a", "b"]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "message 2 was not sent: InvalidMessageContents: no",
+        "sent 1 message to orders; 1 not sent",
+    ]
+
+
+def test_batches_hold_ten_messages_and_one_mebibyte_at_most() -> None:
+    small = [OutgoingMessage("x")] * 25
+    assert [len(b) for b in batches(small)] == [10, 10, 5]
+    big = [OutgoingMessage("y" * 400_000)] * 5
+    assert [len(b) for b in batches(big)] == [2, 2, 1]  # 3 would pass 1 MiB
+
+
+def test_attributes_are_strings_or_numbers() -> None:
+    assert parse_attribute("a=b=c") == ("a", {"DataType": "String", "StringValue": "b=c"})
+    assert parse_attribute("n:Number=3") == ("n", {"DataType": "Number", "StringValue": "3"})
+    with pytest.raises(ConfigError, match="has no '='"):
+        parse_attribute("=x")
+
+
+def test_aws_region_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert SQSTransport.connect_client().client.meta.region_name == "eu-west-1"
+
+
+def test_a_queue_url_of_another_region_is_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    probe = SQSTransport.connect_client()
+    with pytest.raises(
+        StartupError, match="is in region eu-west-1, but the client is in us-east-1"
+    ):
+        probe.open(f"https://sqs.eu-west-1.amazonaws.com/{ACCOUNT}/orders")
