@@ -394,9 +394,13 @@ def _redrive(queues: Queues, args: argparse.Namespace, console: Console) -> int:
         console.print("; stopped by Ctrl-C (the rest are still in the DLQ)")
     elif report.failed:
         console.print(f"; {report.failed} could not be sent and stay in the DLQ")
+    elif report.in_both:
+        console.print(
+            f"; {report.in_both} of them could not be deleted from the DLQ and are in both queues"
+        )
     else:
         console.print()
-    return 1 if report.failed else 0
+    return 1 if report.failed or report.in_both else 0
 
 
 def _watch_task(

@@ -9,6 +9,7 @@ received or deleted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -67,7 +68,8 @@ class MoveReport:
     destination: str
     moved: int = 0
     to_move: int | None = None
-    failed: int = 0
+    failed: int = 0  # not copied: still in the DLQ only
+    in_both: int = 0  # copied, but their delete from the DLQ failed
     status: str = "COMPLETED"
     task: str | None = None
     server_side: bool = True
@@ -430,8 +432,8 @@ class Redrive:
         stop: Callable[[], bool] = lambda: False,
     ) -> MoveReport:
         """Receive from the DLQ, send to the destination, delete what was sent; until the
-        DLQ answers empty, ``stop()`` says so, or a send fails. A crash between a send and
-        its delete leaves the message in both queues."""
+        DLQ answers empty, ``stop()`` says so, or a send or delete fails. A crash between a
+        send and its delete leaves the message in both queues."""
         if self.destination is None:
             raise ConfigError(
                 f"{self.dlq.info.name} is the dead-letter queue of {len(self.sources)} queues; "
@@ -443,11 +445,12 @@ class Redrive:
             got = self.dlq.receive(MAX_BATCH, 1, MOVE_HOLD)
             if not got:
                 break
-            moved = self._move(got)
+            moved, kept = self._move(got)
             report.moved += moved
             report.failed += len(got) - moved
+            report.in_both += kept
             progress(moved)
-            if moved < len(got):
+            if moved < len(got) or kept:
                 report.status = "FAILED"
                 break
             if self.rate is not None:  # no faster than --rate on average
@@ -458,8 +461,10 @@ class Redrive:
             report.status = "CANCELLED"
         return report
 
-    def _move(self, messages: Sequence[Envelope]) -> int:
-        """Send ``messages`` on and delete those sent; the rest are handed back at once."""
+    def _move(self, messages: Sequence[Envelope]) -> tuple[int, int]:
+        """Send copies of ``messages`` on, then delete those SQS acknowledged; the rest are
+        handed back at once. Returns how many were copied, and how many of those are still
+        in the DLQ too (their delete failed)."""
         assert self.destination is not None
         fifo = self.destination.info.fifo
         copies = [
@@ -467,15 +472,29 @@ class Redrive:
                 m.body,
                 message_attributes=m.message_attributes,
                 group_id=(m.attributes.get("MessageGroupId") or "redrive") if fifo else None,
-                deduplication_id=(m.attributes.get("MessageDeduplicationId") or m.message_id)
+                # Not the message's own deduplication id: SQS would drop a copy sent within
+                # 5 minutes of the original as a duplicate, and the delete would then lose
+                # it. One id per receive: a retry of this send is still deduplicated.
+                deduplication_id=hashlib.sha256(m.receipt_handle.encode()).hexdigest()
                 if fifo
                 else None,
             )
             for m in messages
         ]
-        sent = self.destination.send_batch(copies)
+        try:
+            sent = self.destination.send_batch(copies)
+        except BaseException:
+            hand_back(self.dlq, messages)
+            raise
         done = [messages[int(i)] for i in sent.succeeded]
+        kept = 0
         if done:
-            self.dlq.delete_batch([(str(i), m.receipt_handle) for i, m in enumerate(done)])
+            try:
+                deleted = self.dlq.delete_batch(
+                    [(str(i), m.receipt_handle) for i, m in enumerate(done)]
+                )
+                kept = len(deleted.failed)
+            except TransportError:  # each copy was sent: say they are in both queues
+                kept = len(done)
         hand_back(self.dlq, [messages[int(f.id)] for f in sent.failed])
-        return len(done)
+        return len(done), kept

@@ -373,3 +373,24 @@ def test_queues_watch_draws_the_table_until_ctrl_c(
     assert re.search(rf"^{name} +2 +0 +0 ", out, re.M), out
     assert "every 0.5 s; Ctrl-C stops" in out
     assert cli(capsys, "queues", name, "--watch", "0")[:1] == (2,)
+
+
+def test_redrive_of_a_fifo_message_within_its_deduplication_window_moves_it(
+    local_env: LocalSQS, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The copy keeps the message's group. (Its deduplication id is a new one: see
+    tests/unit/test_operate.py for why; moto forgets a deleted message's id.)"""
+    name = unique("redrive") + ".fifo"
+    local_env.create_queue(name, max_receive_count=1, visibility_timeout=30)
+    queue = SQSTransport.connect(name)
+    queue.send_batch([OutgoingMessage("pay 9", group_id="customer-4", deduplication_id="p9")])
+    (first,) = queue.receive(1, 0, 30)
+    queue.change_visibility_batch([("0", first.receipt_handle, 0)])
+    assert queue.receive(1, 0, 30) == []  # past maxReceiveCount: SQS moved it to the DLQ
+    dlq = SQSTransport.connect(name.removesuffix(".fifo") + "-dlq.fifo")
+    assert dlq.counts().visible == 1
+
+    assert cli(capsys, "redrive", dlq.info.name)[0] == 0
+    (back,) = drain(queue)
+    assert (back.body, back.attributes["MessageGroupId"]) == ("pay 9", "customer-4")
+    assert dlq.counts().total == 0

@@ -15,9 +15,11 @@ from botocore.stub import Stubber
 
 from sqsworker import commands
 from sqsworker.cli import main
-from sqsworker.errors import ConfigError, StartupError
-from sqsworker.operate import Queues, batches, parse_attribute
+from sqsworker.clock import SystemClock
+from sqsworker.errors import ConfigError, StartupError, TransportError
+from sqsworker.operate import Queues, Redrive, batches, parse_attribute
 from sqsworker.transports import OutgoingMessage, QueueInfo
+from sqsworker.transports.memory import MemorySQS, MemoryTransport
 from sqsworker.transports.sqs import SQSTransport
 
 ACCOUNT = "123456789012"
@@ -209,3 +211,62 @@ def test_a_queue_url_of_another_region_is_one_sentence(monkeypatch: pytest.Monke
         StartupError, match="is in region eu-west-1, but the client is in us-east-1"
     ):
         probe.open(f"https://sqs.eu-west-1.amazonaws.com/{ACCOUNT}/orders")
+
+
+class OneSource:
+    """The account, as Redrive sees it: one queue whose dead-letter queue is the DLQ."""
+
+    def __init__(self, source: MemoryTransport) -> None:
+        self.source = source
+
+    def sources_of(self, dlq: object) -> list[str]:
+        return [self.source.info.url]
+
+    def open(self, queue: str) -> MemoryTransport:
+        return self.source
+
+
+def test_a_fifo_message_redriven_within_its_deduplication_window_is_not_dropped() -> None:
+    """SQS drops a FIFO message sent under a deduplication id it saw in the last 5 minutes,
+    though it answers success: a copy under the message's own id would be dropped, and the
+    delete from the DLQ would lose the message. (moto forgets an id once its message is
+    deleted, so this runs on the in-memory SQS, which keeps the 5-minute window.)"""
+    memory = MemorySQS(SystemClock())
+    memory.create_queue_with_dlq("pay.fifo", max_receive_count=1)
+    source, dlq = memory.transport("pay.fifo"), memory.transport("pay-dlq.fifo")
+    source.send_batch([OutgoingMessage("pay 9", group_id="customer-4", deduplication_id="p9")])
+    (first,) = source.receive(1, 0, 30)
+    source.change_visibility_batch([("0", first.receipt_handle, 0)])
+    assert source.receive(1, 0, 30) == []  # past maxReceiveCount: in the DLQ now
+    assert dlq.counts().visible == 1
+
+    report = Redrive(OneSource(source), dlq, None).move_here()  # type: ignore[arg-type]
+    assert (report.moved, report.failed, report.in_both) == (1, 0, 0)
+    (back,) = source.receive(1, 0, 30)
+    assert (back.body, back.attributes["MessageGroupId"]) == ("pay 9", "customer-4")
+    assert dlq.counts().total == 0
+
+
+def dead_letters(count: int) -> tuple[MemorySQS, MemoryTransport, MemoryTransport]:
+    memory = MemorySQS(SystemClock())
+    memory.create_queue_with_dlq("orders")
+    source, dlq = memory.transport("orders"), memory.transport("orders-dlq")
+    dlq.send_batch([OutgoingMessage(f"m{i}") for i in range(count)])
+    return memory, source, dlq
+
+
+def test_a_move_whose_send_fails_hands_the_batch_back_at_once() -> None:
+    memory, source, dlq = dead_letters(3)
+    memory.inject_fault("SendMessageBatch", TransportError("SendMessageBatch failed: AccessDenied"))
+    with pytest.raises(TransportError):
+        Redrive(OneSource(source), dlq, None).move_here()  # type: ignore[arg-type]
+    assert dlq.counts().visible == 3  # visible again now, not after the move's 60 s hold
+    assert source.counts().total == 0
+
+
+def test_a_move_whose_delete_fails_says_the_messages_are_in_both_queues() -> None:
+    memory, source, dlq = dead_letters(3)
+    memory.inject_fault("DeleteMessageBatch", TransportError("DeleteMessageBatch failed: boom"))
+    report = Redrive(OneSource(source), dlq, None).move_here()  # type: ignore[arg-type]
+    assert (report.moved, report.in_both, report.status) == (3, 3, "FAILED")
+    assert source.counts().visible == 3 and dlq.counts().in_flight == 3
