@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import operate
-from .cli import EXIT_STARTUP, EXIT_USAGE, Signals, fail
+from .cli import EXIT_FORCED, EXIT_STARTUP, EXIT_USAGE, Signals, fail
 from .errors import ConfigError, StartupError, TransportError
 from .operate import Queues, QueueStatus
 from .transports import Envelope
@@ -138,7 +138,8 @@ def run_command(args: argparse.Namespace) -> int:
         "redrive": _redrive,
         "purge": _purge,
     }
-    console = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    # No markup: bodies, attributes and SQS's messages are printed as they are.
+    console = Console(file=sys.stdout, highlight=False, markup=False, soft_wrap=True)
     if not console.is_terminal:
         console.width = 1000  # a pipe or a file: whole values, never cut to 80 columns
     try:
@@ -153,6 +154,9 @@ def run_command(args: argparse.Namespace) -> int:
     except (StartupError, TransportError) as exc:
         fail(str(exc))
         return EXIT_STARTUP
+    except KeyboardInterrupt:  # peek hands its messages back before this
+        fail("interrupted")
+        return EXIT_FORCED
 
 
 def _messages(count: int) -> str:
@@ -236,6 +240,11 @@ def _send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     )
     if not messages:
         raise ConfigError("there was no message to send: the input had no bodies")
+    if args.idempotency_key is not None and len(messages) > 1:
+        console.print(
+            f"note: the {len(messages)} messages share the idempotency key "
+            f"{args.idempotency_key!r}: a worker with an idempotency store runs one of them"
+        )
     with _progress(console, "sending", len(messages)) as advance:
         report = operate.send(queue, messages, advance)
     for index, code, text in report.failed:
@@ -257,7 +266,13 @@ def _bodies(args: argparse.Namespace) -> list[str]:
             "there is no message to send: give bodies as arguments, a JSON-lines file with "
             "--file, or lines on standard input"
         )
-    return [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
+    try:
+        lines = [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
+        for line in lines:
+            line.encode()  # undecodable bytes arrive as lone surrogates
+    except UnicodeError:
+        raise ConfigError("standard input is not UTF-8 text: send UTF-8 message bodies") from None
+    return lines
 
 
 def _json_lines(path: str) -> list[str]:
@@ -381,32 +396,39 @@ def _redrive(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     signals.install()
     handle = None if args.client_side else redrive.start()
     if handle is not None:
-        return _watch_task(redrive, handle, pending, where, signals, console)
+        return _watch_task(redrive, handle, where, signals, console)
+    redrive.check_here()
     if not args.client_side:
         console.print(
             "this endpoint has no message move task (StartMessageMoveTask): moving the "
             "messages here instead"
         )
     with _progress(console, "moving", pending if pending >= PROGRESS_FROM else None) as step:
-        report = redrive.move_here(step, signals.received.is_set)
+        report = redrive.move_here(step, signals.received.is_set, limit=pending)
     console.print(f"moved {_messages(report.moved)} {where}", end="")
     if report.status == "CANCELLED":
         console.print("; stopped by Ctrl-C (the rest are still in the DLQ)")
-    elif report.failed:
-        console.print(f"; {report.failed} could not be sent and stay in the DLQ")
-    elif report.in_both:
+    elif report.failed or report.in_both:
         console.print(
-            f"; {report.in_both} of them could not be deleted from the DLQ and are in both queues"
+            f"; stopped: {report.failed} could not be sent and stay in the DLQ, "
+            f"{report.in_both} were sent but could not be deleted and are in both queues"
         )
     else:
         console.print()
-    return 1 if report.failed or report.in_both else 0
+    if report.error:
+        fail(report.error)
+    left = redrive.pending() if report.status == "COMPLETED" else 0
+    if left:
+        console.print(
+            f"about {_messages(left)} still in {dlq.info.name} (they arrived during the move, "
+            "or SQS's count was behind): run redrive again to move them"
+        )
+    return 0 if report.status == "COMPLETED" else 1
 
 
 def _watch_task(
     redrive: operate.Redrive,
     handle: str,
-    pending: int,
     where: str,
     signals: Signals,
     console: Console,
@@ -448,10 +470,13 @@ def _purge(queues: Queues, args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(
                 f"purge deletes every message of {queue.info.name}: confirm with --yes"
             )
-        answer = console.input(
-            f"Delete every message of {queue.info.name} (about {counts.total}), for good? "
-            "Type the queue's name to confirm: "
-        )
+        try:
+            answer = console.input(
+                f"Delete every message of {queue.info.name} (about {counts.total}), for "
+                "good? Type the queue's name to confirm: "
+            )
+        except (EOFError, KeyboardInterrupt):
+            answer = ""
         if answer.strip() != queue.info.name:
             console.print("nothing was purged")
             return EXIT_USAGE

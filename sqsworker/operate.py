@@ -9,8 +9,10 @@ received or deleted.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -62,18 +64,13 @@ class SendReport:
 
 @dataclass
 class MoveReport:
-    """What a redrive did. ``task`` is SQS's task handle when SQS moved the messages."""
+    """What a move here did (a move by SQS reports through ListMessageMoveTasks)."""
 
-    source: str
-    destination: str
     moved: int = 0
-    to_move: int | None = None
     failed: int = 0  # not copied: still in the DLQ only
     in_both: int = 0  # copied, but their delete from the DLQ failed
-    status: str = "COMPLETED"
-    task: str | None = None
-    server_side: bool = True
-    reason: str | None = None  # why the messages were moved here rather than by SQS
+    status: str = "COMPLETED"  # or FAILED, or CANCELLED (Ctrl-C)
+    error: str | None = None  # the failed call that stopped the move
 
 
 class Queues:
@@ -81,6 +78,7 @@ class Queues:
 
     def __init__(self, sqs: SQSTransport) -> None:
         self.sqs = sqs
+        self._urls: dict[str, str] = {}  # by ARN, for dead-letter queues outside a listing
 
     @classmethod
     def connect(cls, *, endpoint_url: str | None = None, region: str | None = None) -> Queues:
@@ -147,10 +145,12 @@ class Queues:
         return dict(answer.get("Attributes", {}))
 
     def _url_of_arn(self, arn: str) -> str | None:
-        try:
-            return self.open(arn).info.url
-        except StartupError:
-            return None
+        if arn not in self._urls:  # a queue's URL does not change: ask once
+            try:
+                self._urls[arn] = self.open(arn).info.url
+            except StartupError:
+                return None
+        return self._urls[arn]
 
     # -- purge ------------------------------------------------------------------------
 
@@ -159,9 +159,10 @@ class Queues:
             queue.request("PurgeQueue", QueueUrl=queue.info.url)
         except TransportError as exc:
             if exc.code == "PurgeQueueInProgress":
-                raise ConfigError(
+                raise TransportError(
                     f"{queue.info.name} was purged less than 60 seconds ago, and SQS allows one "
-                    "purge per queue every 60 seconds: try again in a minute"
+                    "purge per queue every 60 seconds: try again in a minute",
+                    code=exc.code,
                 ) from None
             raise
 
@@ -182,8 +183,14 @@ class Queues:
 # -- send -------------------------------------------------------------------------------
 
 
+_ATTRIBUTE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+# The characters SQS accepts in a body or attribute value (the rest are refused).
+_REFUSED_CHARACTER = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
 def parse_attribute(text: str) -> tuple[str, dict[str, str]]:
-    """``NAME=VALUE`` (a String) or ``NAME:Number=VALUE`` as an SQS message attribute."""
+    """``NAME=VALUE`` (a String) or ``NAME:Number=VALUE`` as an SQS message attribute,
+    checked as SQS checks it."""
     name, equals, value = text.partition("=")
     if not equals or not name:
         raise ConfigError(f"the attribute {text!r} has no '=': write it as NAME=VALUE")
@@ -194,6 +201,24 @@ def parse_attribute(text: str) -> tuple[str, dict[str, str]]:
             f"the attribute {text!r} has the type {kind!r}: use String or Number "
             "(NAME=VALUE or NAME:Number=VALUE)"
         )
+    if (
+        not _ATTRIBUTE_NAME.fullmatch(name)
+        or name.startswith(".")
+        or name.endswith(".")
+        or ".." in name
+        or name.lower().startswith(("aws.", "amazon."))
+    ):
+        raise ConfigError(
+            f"the attribute name {name!r} is not one SQS accepts: use letters, digits, "
+            "'_', '-' and '.' (not first, last or doubled), not starting with AWS. or Amazon."
+        )
+    if not value:
+        raise ConfigError(f"the attribute {name!r} has no value: SQS refuses an empty one")
+    if kind.startswith("Number"):
+        try:
+            float(value)
+        except ValueError:
+            raise ConfigError(f"the attribute {name!r} is a Number, but {value!r} is not") from None
     return name, {"DataType": kind, "StringValue": value}
 
 
@@ -231,10 +256,8 @@ def outgoing(
                 f"{info.name} is a FIFO queue, which has no per-message delay: drop --delay "
                 "(or set the queue's DelaySeconds)"
             )
-    elif group_id is not None or dedup_id is not None:
-        raise ConfigError(
-            f"{info.name} is a standard queue: --group-id and --dedup-id are for FIFO queues"
-        )
+    elif dedup_id is not None:
+        raise ConfigError(f"{info.name} is a standard queue: --dedup-id is for FIFO queues")
     if not 0 <= delay <= MAX_DELAY:
         raise ConfigError(f"--delay {delay} is out of range: SQS delays 0 to 900 seconds")
     messages = [
@@ -247,16 +270,36 @@ def outgoing(
         )
         for body in bodies
     ]
+    if dedup_id is not None and len(messages) > 1:
+        raise ConfigError(
+            f"--dedup-id names one message, and {len(messages)} were given: SQS would keep "
+            "the first and drop the rest as duplicates; send them one at a time"
+        )
     for index, message in enumerate(messages, 1):
-        if not message.body:
-            raise ConfigError(f"message {index} is empty: SQS does not accept an empty body")
-        size = message_size(message)
-        if size > info.maximum_message_size:
-            raise ConfigError(
-                f"message {index} is {size:,} bytes with its attributes; {info.name} takes at "
-                f"most {info.maximum_message_size:,}: send a smaller body (or its S3 location)"
-            )
+        _check(index, message, info)
     return messages
+
+
+def _check(index: int, message: OutgoingMessage, info: QueueInfo) -> None:
+    if not message.body:
+        raise ConfigError(f"message {index} is empty: SQS does not accept an empty body")
+    for text in [
+        message.body,
+        *(str(v.get("StringValue", "")) for v in message.message_attributes.values()),
+    ]:
+        refused = _REFUSED_CHARACTER.search(text)
+        if refused:
+            raise ConfigError(
+                f"message {index} holds a character SQS refuses (U+{ord(refused[0]):04X} at "
+                f"position {refused.start() + 1}): SQS takes Unicode text without control "
+                "characters other than tab and line breaks"
+            )
+    size = message_size(message)
+    if size > info.maximum_message_size:
+        raise ConfigError(
+            f"message {index} is {size:,} bytes with its attributes; {info.name} takes at "
+            f"most {info.maximum_message_size:,}: send a smaller body (or its S3 location)"
+        )
 
 
 def message_size(message: OutgoingMessage) -> int:
@@ -294,7 +337,16 @@ def send(
     report = SendReport()
     first = 0
     for batch in batches(messages):
-        result = queue.send_batch(batch)
+        try:
+            result = queue.send_batch(batch)
+        except TransportError as exc:
+            if not report.sent:
+                raise
+            raise TransportError(
+                f"{exc}; {report.sent} of {len(messages)} messages were sent before it "
+                f"(messages 1 to {first}; message {first + 1} and on were not)",
+                code=exc.code,
+            ) from exc
         report.sent += len(result.succeeded)
         for failure in result.failed:
             report.failed.append((first + int(failure.id) + 1, failure.code, failure.message))
@@ -356,6 +408,10 @@ class Redrive:
     ) -> None:
         if rate is not None and not 1 <= rate <= MAX_MOVE_RATE:
             raise ConfigError(f"--rate {rate} is out of range: SQS moves 1 to 500 messages/s")
+        if destination is not None and destination.info.arn == dlq.info.arn:
+            raise ConfigError(
+                f"--to names {dlq.info.name} itself: name the queue the messages go back to"
+            )
         self.queues = queues
         self.dlq = dlq
         self.rate = rate
@@ -370,6 +426,7 @@ class Redrive:
             destination = queues.open(sources[0])
         self.destination = destination
         self.sources = sources
+        self._earlier = 0  # the newest StartedTimestamp of the tasks before ours
 
     @property
     def destination_name(self) -> str:
@@ -380,43 +437,45 @@ class Redrive:
     def pending(self) -> int:
         return self.dlq.counts().visible
 
-    def running_task(self) -> dict[str, Any] | None:
-        """The move task running on this DLQ, if the endpoint knows of one."""
+    # -- by SQS -------------------------------------------------------------------------
+
+    def start(self) -> str | None:
+        """Start SQS's move task; its handle, or None when the endpoint has no move tasks."""
         try:
             tasks = self._tasks()
         except TransportError as exc:
             if exc.code in UNSUPPORTED_CODES:
-                return None
+                return None  # nothing was started: the move can go here
             raise
-        return next((t for t in tasks if t.get("Status") == "RUNNING"), None)
-
-    def start(self) -> str | None:
-        """Start SQS's move task; its handle, or None when the endpoint has no such task."""
-        running = self.running_task()
+        running = next((t for t in tasks if t.get("Status") == "RUNNING"), None)
         if running is not None:
             raise ConfigError(
                 f"a redrive of {self.dlq.info.name} is already running (SQS allows one per "
                 f"queue; {running.get('ApproximateNumberOfMessagesMoved', 0)} moved so far): "
                 "wait for it to finish, or cancel it with Ctrl-C where it was started"
             )
+        self._earlier = max((int(t.get("StartedTimestamp", 0)) for t in tasks), default=0)
         kwargs: dict[str, Any] = {"SourceArn": self.dlq.info.arn}
         if self.destination is not None:
             kwargs["DestinationArn"] = self.destination.info.arn
         if self.rate is not None:
             kwargs["MaxNumberOfMessagesPerSecond"] = self.rate
-        try:
-            answer = self.dlq.request("StartMessageMoveTask", 1, **kwargs)
-        except TransportError as exc:
-            if exc.code in UNSUPPORTED_CODES:
-                return None
-            raise
+        # One attempt: a retried start could find its own first attempt running.
+        answer = self.dlq.request("StartMessageMoveTask", 1, **kwargs)
         return str(answer["TaskHandle"])
 
     def task(self, handle: str) -> dict[str, Any]:
-        for task in self._tasks():
-            if task.get("TaskHandle") == handle or task.get("Status") == "RUNNING":
+        """Our task as ListMessageMoveTasks shows it: by its handle while it runs; once it
+        ended SQS shows no handle, so the task started after every one seen before ours.
+        Not listed yet: taken as running."""
+        tasks = self._tasks()
+        for task in tasks:
+            if task.get("TaskHandle") == handle:
                 return task
-        return {}
+        ours = [t for t in tasks if int(t.get("StartedTimestamp", 0)) > self._earlier]
+        if not ours:
+            return {"Status": "RUNNING"}
+        return max(ours, key=lambda t: int(t.get("StartedTimestamp", 0)))
 
     def cancel(self, handle: str) -> int:
         answer = self.dlq.request("CancelMessageMoveTask", TaskHandle=handle)
@@ -426,32 +485,51 @@ class Redrive:
         answer = self.dlq.request("ListMessageMoveTasks", 1, SourceArn=self.dlq.info.arn)
         return list(answer.get("Results", []))
 
-    def move_here(
-        self,
-        progress: Callable[[int], None] = lambda moved: None,
-        stop: Callable[[], bool] = lambda: False,
-    ) -> MoveReport:
-        """Receive from the DLQ, send to the destination, delete what was sent; until the
-        DLQ answers empty, ``stop()`` says so, or a send or delete fails. A crash between a
-        send and its delete leaves the message in both queues."""
+    # -- here ---------------------------------------------------------------------------
+
+    def check_here(self) -> None:
+        """Refuse a move here that could not tell where each message goes."""
         if self.destination is None:
             raise ConfigError(
                 f"{self.dlq.info.name} is the dead-letter queue of {len(self.sources)} queues; "
                 "this endpoint cannot route each message back to its own: name one with --to"
             )
-        report = MoveReport(self.dlq.info.name, self.destination.info.name, server_side=False)
+
+    def move_here(
+        self,
+        progress: Callable[[int], None] = lambda moved: None,
+        stop: Callable[[], bool] = lambda: False,
+        limit: int | None = None,
+    ) -> MoveReport:
+        """Receive from the DLQ, send to the destination, delete what was sent: at most
+        ``limit`` messages (the DLQ's count at the start, so messages that come back to the
+        DLQ during the move are not moved round again), until the DLQ answers empty,
+        ``stop()`` says so, or a call fails. A crash between a send and its delete leaves
+        the message in both queues."""
+        self.check_here()
+        assert self.destination is not None
+        report = MoveReport()
         began = time.monotonic()
+        received = 0
         while not stop():
-            got = self.dlq.receive(MAX_BATCH, 1, MOVE_HOLD)
+            want = MAX_BATCH if limit is None else min(MAX_BATCH, limit - received)
+            if want <= 0:
+                break
+            try:
+                got = self.dlq.receive(want, 1, MOVE_HOLD)
+            except TransportError as exc:
+                report.status, report.error = "FAILED", str(exc)
+                break
             if not got:
                 break
-            moved, kept = self._move(got)
+            received += len(got)
+            moved, kept, error = self._move(got)
             report.moved += moved
             report.failed += len(got) - moved
             report.in_both += kept
             progress(moved)
-            if moved < len(got) or kept:
-                report.status = "FAILED"
+            if moved < len(got) or kept or error:
+                report.status, report.error = "FAILED", error
                 break
             if self.rate is not None:  # no faster than --rate on average
                 ahead = report.moved / self.rate - (time.monotonic() - began)
@@ -461,10 +539,10 @@ class Redrive:
             report.status = "CANCELLED"
         return report
 
-    def _move(self, messages: Sequence[Envelope]) -> tuple[int, int]:
+    def _move(self, messages: Sequence[Envelope]) -> tuple[int, int, str | None]:
         """Send copies of ``messages`` on, then delete those SQS acknowledged; the rest are
-        handed back at once. Returns how many were copied, and how many of those are still
-        in the DLQ too (their delete failed)."""
+        handed back at once. Returns how many were copied, how many of those are still in
+        the DLQ too (their delete failed), and the error that stopped it, if one did."""
         assert self.destination is not None
         fifo = self.destination.info.fifo
         copies = [
@@ -481,20 +559,26 @@ class Redrive:
             )
             for m in messages
         ]
+        sent: list[int] = []
+        error = None
+        first = 0
         try:
-            sent = self.destination.send_batch(copies)
-        except BaseException:
-            hand_back(self.dlq, messages)
-            raise
-        done = [messages[int(i)] for i in sent.succeeded]
-        kept = 0
-        if done:
-            try:
-                deleted = self.dlq.delete_batch(
-                    [(str(i), m.receipt_handle) for i, m in enumerate(done)]
-                )
-                kept = len(deleted.failed)
-            except TransportError:  # each copy was sent: say they are in both queues
-                kept = len(done)
-        hand_back(self.dlq, [messages[int(f.id)] for f in sent.failed])
-        return len(done), kept
+            for part in batches(copies):  # large bodies: more than one request
+                result = self.destination.send_batch(part)
+                sent += [first + int(i) for i in result.succeeded]
+                first += len(part)
+        except TransportError as exc:
+            error = str(exc)
+        copied = [messages[i] for i in sorted(sent)]
+        with contextlib.suppress(TransportError):  # else visible again after MOVE_HOLD
+            hand_back(self.dlq, [m for i, m in enumerate(messages) if i not in sent])
+        if not copied:
+            return 0, 0, error
+        try:
+            deleted = self.dlq.delete_batch(
+                [(str(i), m.receipt_handle) for i, m in enumerate(copied)]
+            )
+            kept = len(deleted.failed)
+        except TransportError as exc:  # each copy was sent: they are in both queues
+            kept, error = len(copied), error or str(exc)
+        return len(copied), kept, error

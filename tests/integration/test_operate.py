@@ -71,7 +71,12 @@ def test_send_takes_arguments_files_and_stdin_in_batches_with_attributes(
         capsys, "send", name, '{"id": 1}', "plain text", "--attribute", "source=cli",
         "--attribute", "tries:Number=2", "--idempotency-key", "order-1",
     )  # fmt: skip
-    assert (code, out.strip()) == (0, f"sent 2 messages to {name}")
+    assert code == 0
+    assert out.splitlines() == [
+        "note: the 2 messages share the idempotency key 'order-1': a worker with an "
+        "idempotency store runs one of them",
+        f"sent 2 messages to {name}",
+    ]
     got = drain(queue)
     assert sorted(e.body for e in got) == ["plain text", '{"id": 1}']
     attributes = got[0].message_attributes
@@ -102,7 +107,12 @@ def test_send_takes_arguments_files_and_stdin_in_batches_with_attributes(
         ),
         (["x", "--attribute", "n:Blob=1"], "use String or Number"),
         (["x", "--delay", "901"], "--delay 901 is out of range"),
-        (["x", "--group-id", "g"], "is a standard queue: --group-id and --dedup-id are for FIFO"),
+        (["x", "--dedup-id", "d"], "is a standard queue: --dedup-id is for FIFO queues"),
+        (["x", "--attribute", "AWS.trace=1"], "the attribute name 'AWS.trace' is not one SQS"),
+        (["x", "--attribute", "bad name=1"], "the attribute name 'bad name' is not one SQS"),
+        (["x", "--attribute", "empty="], "the attribute 'empty' has no value"),
+        (["x", "--attribute", "n:Number=abc"], "the attribute 'n' is a Number, but 'abc' is not"),
+        (["bell\x07"], "message 2 holds a character SQS refuses (U+0007 at position 5)"),
         (["x" * 1_048_577], "message 2 is 1,048,577 bytes with its attributes"),
         ([], "there was no message to send: the input had no bodies"),
     ],
@@ -144,6 +154,8 @@ def test_send_to_a_fifo_queue_needs_a_group_and_keeps_it(
     assert code == 2 and "is a FIFO queue: pass --group-id" in err
     code, _, err = cli(capsys, "send", name, "a", "--group-id", "g")
     assert code == 2 and "pass --dedup-id, or enable ContentBasedDeduplication" in err
+    code, _, err = cli(capsys, "send", name, "a", "b", "--group-id", "g", "--dedup-id", "p9")
+    assert code == 2 and "--dedup-id names one message, and 2 were given" in err
     code, _, _ = cli(capsys, "send", name, "a", "--group-id", "customer-4", "--dedup-id", "p9")
     assert code == 0
     (got,) = drain(SQSTransport.connect(name))
@@ -308,7 +320,7 @@ def test_purge_asks_first_and_refuses_a_second_purge_within_60_seconds(
     assert code == 0 and out.startswith(f"purged {name} (about 2 messages)")
     assert queue.counts().total == 0
     code, _, err = cli(capsys, "purge", name, "--yes")
-    assert code == 2 and "SQS allows one purge per queue every 60 seconds" in err
+    assert code == 1 and "SQS allows one purge per queue every 60 seconds" in err
 
 
 def test_local_on_a_busy_port_says_so_and_exits(local_sqs: LocalSQS) -> None:
@@ -394,3 +406,49 @@ def test_redrive_of_a_fifo_message_within_its_deduplication_window_moves_it(
     (back,) = drain(queue)
     assert (back.body, back.attributes["MessageGroupId"]) == ("pay 9", "customer-4")
     assert dlq.counts().total == 0
+
+
+def test_send_reads_stdin_that_is_not_utf8_as_one_sentence(
+    local_env: LocalSQS, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = unique("send")
+    local_env.create_queue(name, max_receive_count=None)
+    raw = io.TextIOWrapper(io.BytesIO(b"ok\n\xff\xfe bad\n"), errors="surrogateescape")
+    monkeypatch.setattr(sys, "stdin", raw)
+    code, _, err = cli(capsys, "send", name)
+    assert code == 2 and "standard input is not UTF-8 text" in err
+    assert drain(SQSTransport.connect(name)) == []
+
+
+def test_peek_prints_bodies_as_they_are(
+    local_env: LocalSQS, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = unique("peek")
+    local_env.create_queue(name, max_receive_count=None)
+    body = '{"note": "[red]x[/red] [/oops] [b]"}'
+    send_all(SQSTransport.connect(name), [body])
+    code, out, _ = cli(capsys, "peek", name)
+    assert code == 0 and body in out
+
+
+def test_redrive_moves_large_bodies_in_requests_under_one_mebibyte(
+    local_env: LocalSQS, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = unique("redrive")
+    local_env.create_queue(name)
+    dlq = SQSTransport.connect(f"{name}-dlq")
+    for i in range(10):  # 2 MB in all: more than one request
+        send_all(dlq, [str(i) * 200_000])
+    code, out, _ = cli(capsys, "redrive", dlq.info.name)
+    assert code == 0 and f"moved 10 messages from {name}-dlq to {name}" in out
+    assert sorted(e.body[0] for e in drain(SQSTransport.connect(name))) == list("0123456789")
+    assert dlq.counts().total == 0
+
+
+def test_redrive_to_the_dead_letter_queue_itself_is_refused(
+    local_env: LocalSQS, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = unique("redrive")
+    local_env.create_queue(name)
+    code, _, err = cli(capsys, "redrive", f"{name}-dlq", "--to", f"{name}-dlq")
+    assert code == 2 and f"--to names {name}-dlq itself" in err

@@ -1,5 +1,6 @@
 """The README's "Try it by hand" runs as written: `sqsworker local` in one shell, the
-second block in another with the exports the first printed."""
+second block in another with the exports the first printed; and the send examples of
+docs/operating.md."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from sqsworker.local import LocalSQS
+from sqsworker.transports.sqs import SQSTransport
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,3 +63,27 @@ def test_the_readme_walkthrough_runs_as_written() -> None:
     assert re.search(r"^orders +3 +0 +0 +orders-dlq +0 +3 ", out, re.M), out
     assert '{"id": 3, "kind": "poison"}' in out.split("of orders-dlq, each visible again")[1]
     assert "moved 1 message from orders-dlq to orders" in out
+
+
+def test_the_send_examples_of_operating_queues_run_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = (ROOT / "docs" / "operating.md").read_text()
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "sqsworker send" in b]
+    with LocalSQS(port=0) as server:
+        server.create_queue("orders")
+        server.create_queue("payments.fifo")
+        done = subprocess.run(
+            ["bash", "-e", "-c", block],
+            env={**os.environ, **server.env(), "PATH": f"{BIN}:{os.environ['PATH']}"},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        orders, payments = SQSTransport.connect("orders"), SQSTransport.connect("payments.fifo")
+        assert (orders.counts().visible, orders.counts().delayed) == (7, 1)
+        assert payments.counts().visible == 1

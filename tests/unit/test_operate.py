@@ -86,30 +86,37 @@ def expect_redrive_start(sqs: Stubber, tasks: list[dict[str, Any]]) -> None:
     sqs.add_response("list_message_move_tasks", {"Results": tasks}, {"SourceArn": DLQ_ARN})
 
 
-def task(status: str, moved: int, **more: Any) -> dict[str, Any]:
-    return {
-        "TaskHandle": "task-1",
+def task(status: str, moved: int, started: int = 2_000, **more: Any) -> dict[str, Any]:
+    """A task as ListMessageMoveTasks shows it: SQS gives the handle of a running one only."""
+    shown: dict[str, Any] = {
         "Status": status,
         "SourceArn": DLQ_ARN,
         "ApproximateNumberOfMessagesMoved": moved,
         "ApproximateNumberOfMessagesToMove": 12,
+        "StartedTimestamp": started,
         **more,
     }
+    if status == "RUNNING":
+        shown["TaskHandle"] = "task-1"
+    return shown
 
 
 def test_redrive_starts_sqs_move_task_and_follows_it_to_the_end(
     sqs: Stubber, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    expect_redrive_start(sqs, tasks=[task("COMPLETED", 4)])  # an old task, ended
+    older = task("COMPLETED", 4, started=1_000)
+    expect_redrive_start(sqs, tasks=[older])
     sqs.add_response(
         "start_message_move_task",
         {"TaskHandle": "task-1"},
         {"SourceArn": DLQ_ARN, "DestinationArn": ARN, "MaxNumberOfMessagesPerSecond": 50},
     )
-    for status, moved in [("RUNNING", 5), ("COMPLETED", 12)]:
-        sqs.add_response(
-            "list_message_move_tasks", {"Results": [task(status, moved)]}, {"SourceArn": DLQ_ARN}
-        )
+    for listed in [
+        [older],  # not listed yet
+        [task("RUNNING", 5), older],
+        [task("COMPLETED", 12), older],  # ended: no handle; the one started after the older
+    ]:
+        sqs.add_response("list_message_move_tasks", {"Results": listed}, {"SourceArn": DLQ_ARN})
     assert main(["redrive", DLQ_URL, "--rate", "50"]) == 0
     assert capsys.readouterr().out == "SQS moved about 12 messages from orders-dlq to orders\n"
 
@@ -258,8 +265,9 @@ def dead_letters(count: int) -> tuple[MemorySQS, MemoryTransport, MemoryTranspor
 def test_a_move_whose_send_fails_hands_the_batch_back_at_once() -> None:
     memory, source, dlq = dead_letters(3)
     memory.inject_fault("SendMessageBatch", TransportError("SendMessageBatch failed: AccessDenied"))
-    with pytest.raises(TransportError):
-        Redrive(OneSource(source), dlq, None).move_here()  # type: ignore[arg-type]
+    report = Redrive(OneSource(source), dlq, None).move_here()  # type: ignore[arg-type]
+    assert (report.moved, report.failed, report.status) == (0, 3, "FAILED")
+    assert report.error == "SendMessageBatch failed: AccessDenied"
     assert dlq.counts().visible == 3  # visible again now, not after the move's 60 s hold
     assert source.counts().total == 0
 
@@ -270,3 +278,55 @@ def test_a_move_whose_delete_fails_says_the_messages_are_in_both_queues() -> Non
     report = Redrive(OneSource(source), dlq, None).move_here()  # type: ignore[arg-type]
     assert (report.moved, report.in_both, report.status) == (3, 3, "FAILED")
     assert source.counts().visible == 3 and dlq.counts().in_flight == 3
+
+
+def test_send_that_fails_midway_says_how_many_went(
+    sqs: Stubber, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expect_open(sqs, URL, ARN)
+    bodies = [f"m{i}" for i in range(12)]
+    sqs.add_response(
+        "send_message_batch",
+        {
+            "Successful": [
+                {"Id": str(i), "MessageId": f"id{i}", "MD5OfMessageBody": "x"} for i in range(10)
+            ],
+            "Failed": [],
+        },
+        {
+            "QueueUrl": URL,
+            "Entries": [{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies[:10])],
+        },
+    )
+    sqs.add_client_error("send_message_batch", "AccessDenied", "not allowed", 403)
+    assert main(["send", URL, *bodies]) == 1
+    err = capsys.readouterr().err
+    assert "SendMessageBatch failed: AccessDenied" in err
+    assert (
+        "10 of 12 messages were sent before it (messages 1 to 10; message 11 and on were not)"
+        in err
+    )
+
+
+class BouncingBack(OneSource):
+    """A destination whose consumer fails every message straight back to the DLQ."""
+
+    def __init__(self, source: MemoryTransport, dlq: MemoryTransport) -> None:
+        super().__init__(source)
+        self.dlq = dlq
+        real = source.send_batch
+
+        def send_batch(messages: list[OutgoingMessage]) -> Any:
+            dlq.send_batch([OutgoingMessage(m.body) for m in messages])
+            return real(messages)
+
+        source.send_batch = send_batch  # type: ignore[method-assign]
+
+
+def test_a_move_here_stops_at_what_the_dlq_held_at_the_start() -> None:
+    """Messages failing back into the DLQ during the move are not moved round again."""
+    _, source, dlq = dead_letters(3)
+    redrive = Redrive(BouncingBack(source, dlq), dlq, None)  # type: ignore[arg-type]
+    report = redrive.move_here(limit=redrive.pending())
+    assert (report.moved, report.status) == (3, "COMPLETED")
+    assert source.counts().visible == 3 and dlq.counts().visible == 3
