@@ -461,7 +461,12 @@ class Redrive:
         if self.rate is not None:
             kwargs["MaxNumberOfMessagesPerSecond"] = self.rate
         # One attempt: a retried start could find its own first attempt running.
-        answer = self.dlq.request("StartMessageMoveTask", 1, **kwargs)
+        try:
+            answer = self.dlq.request("StartMessageMoveTask", 1, **kwargs)
+        except TransportError as exc:
+            raise TransportError(
+                f"{exc}; --client-side moves the messages here instead", code=exc.code
+            ) from exc
         return str(answer["TaskHandle"])
 
     def task(self, handle: str) -> dict[str, Any]:

@@ -330,3 +330,14 @@ def test_a_move_here_stops_at_what_the_dlq_held_at_the_start() -> None:
     report = redrive.move_here(limit=redrive.pending())
     assert (report.moved, report.status) == (3, "COMPLETED")
     assert source.counts().visible == 3 and dlq.counts().visible == 3
+
+
+def test_a_move_task_sqs_refuses_points_to_the_move_here(
+    sqs: Stubber, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expect_redrive_start(sqs, tasks=[])
+    sqs.add_client_error("start_message_move_task", "InvalidParameterValue", "not for this queue")
+    assert main(["redrive", DLQ_URL]) == 1
+    err = capsys.readouterr().err
+    assert "StartMessageMoveTask failed: InvalidParameterValue: not for this queue" in err
+    assert "--client-side moves the messages here instead" in err
