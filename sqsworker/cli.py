@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -103,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def fail(message: str) -> None:
     message = message.rstrip()
-    if not message.endswith("."):
+    if not message.endswith((".", "?")):
         message += "."
     print(f"sqsworker: error: {message}", file=sys.stderr)
 
@@ -182,6 +183,10 @@ def run(target: str, cli_options: dict[str, str | None]) -> int:
 def local(args: argparse.Namespace) -> int:
     from .local import LocalSQS
 
+    problem = _local_problem(args)
+    if problem:
+        fail(problem)
+        return EXIT_USAGE
     try:
         server = LocalSQS(args.host, args.port).start()
     except ConfigError as exc:
@@ -216,6 +221,25 @@ def local(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _local_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``sqsworker local``'s options, in one sentence; None if nothing."""
+    if not 0 <= args.port <= 65535:
+        return f"--port {args.port} is not a port: use 1 to 65535, or 0 for a free one"
+    if args.max_receive_count < 1:
+        return f"--max-receive-count {args.max_receive_count} must be 1 or more"
+    if not 0 <= args.visibility_timeout <= config.MAX_VISIBILITY:
+        return f"--visibility-timeout {args.visibility_timeout} must be 0 to 43200 seconds"
+    for name in args.queue:
+        base = name.removesuffix(".fifo")
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,76}", base):
+            return (
+                f"--queue {name!r} is not a queue name this can create: use up to 76 letters, "
+                "digits, '-' and '_' (its dead-letter queue adds '-dlq'), and '.fifo' at the end "
+                "for a FIFO queue"
+            )
+    return None
 
 
 def create_store(url: str, region: str | None) -> int:

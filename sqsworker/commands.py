@@ -179,11 +179,21 @@ def _queues(queues: Queues, args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"--watch {args.watch:g} must be a number of seconds above 0")
     signals = Signals()
     signals.install()
+
+    def table() -> Table:
+        drawn = _status_table(queues.status(args.prefix), console)
+        drawn.caption = f"{datetime.now():%H:%M:%S}; every {args.watch:g} s; Ctrl-C stops"
+        return drawn
+
+    if not console.is_terminal:  # a pipe or a file: one table after another
+        while not signals.received.is_set():
+            console.print(table())
+            console.file.flush()
+            signals.received.wait(args.watch)
+        return 0
     with Live(console=console, auto_refresh=False) as live:
         while not signals.received.is_set():
-            table = _status_table(queues.status(args.prefix), console)
-            table.caption = f"{datetime.now():%H:%M:%S}; every {args.watch:g} s; Ctrl-C stops"
-            live.update(table, refresh=True)
+            live.update(table(), refresh=True)
             signals.received.wait(args.watch)
     return 0
 
@@ -196,8 +206,12 @@ _STATUS_NOTE = (
 
 def _status_table(rows: list[QueueStatus], console: Console) -> Table:
     table = _table(console)
+    # Names fold rather than end in "…" on a narrow terminal: two queues must not look alike.
     for name in ("queue", "visible", "in flight", "delayed", "dead-letter queue", "in DLQ"):
-        table.add_column(name, justify="left" if "queue" in name else "right")
+        if "queue" in name:
+            table.add_column(name, overflow="fold", min_width=10)
+        else:
+            table.add_column(name, justify="right")
     for name in ("max receives", "visibility", "FIFO"):
         table.add_column(name, justify="right")
     for row in rows:
@@ -324,18 +338,19 @@ def _peek(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps([_as_dict(m) for m in messages], indent=2))
         return 0
+    if not messages:
+        console.print(f"no message of {queue.info.name} was visible to receive")
+        return 0
     console.print(
         f"{_messages(len(messages))} of {queue.info.name}, "
         "each visible again now. A peek is a receive: each receive count went up by one."
     )
     for envelope in messages:
         console.print()
-        table = Table(box=None, show_header=False, pad_edge=False)
-        table.add_column(style="bold")
-        table.add_column(overflow="fold")
-        for name, value in _shown(envelope):
-            table.add_row(name, value)
-        console.print(table)
+        rows = _shown(envelope)
+        width = max(len(name) for name, _ in rows)
+        for name, value in rows:
+            console.print(f"{name:<{width}}  {value}")
     return 0
 
 

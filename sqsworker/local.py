@@ -39,10 +39,10 @@ class LocalSQS:
 
     def start(self) -> LocalSQS:
         """Serve; ``OSError`` if the port is taken (moto's server would wait forever)."""
-        if self.port:
-            with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind((self.host, self.port))
+        # Also for port 0: an unknown host fails here too, not in the server's thread.
+        with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((self.host, self.port))
         self._server.start()
         _, port = self._server.get_host_and_port()
         self.port = port

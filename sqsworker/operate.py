@@ -10,6 +10,7 @@ received or deleted.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import json
 import re
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError, StartupError, TransportError
+from .errors import ConfigError, QueueNotFound, StartupError, TransportError
 from .keys import KEY_ATTRIBUTE
 from .transports import Envelope, OutgoingMessage, QueueInfo
 from .transports.sqs import SQSTransport
@@ -85,8 +86,25 @@ class Queues:
         return cls(SQSTransport.connect_client(endpoint_url=endpoint_url, region=region))
 
     def open(self, queue: str) -> SQSTransport:
-        """``queue`` (name, URL or ARN), or one sentence saying why it cannot be used."""
-        return self.sqs.open(queue)
+        """``queue`` (name, URL or ARN), or one sentence saying why it cannot be used (and,
+        for a name misspelt, the name nearest it)."""
+        try:
+            return self.sqs.open(queue)
+        except QueueNotFound as exc:
+            near = self._nearest(queue)
+            if near is None:
+                raise
+            raise QueueNotFound(f"{exc}; did you mean {near}?") from None
+
+    def _nearest(self, queue: str) -> str | None:
+        name = queue.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        try:  # the first page is enough to catch a typo
+            urls = self.sqs.request("ListQueues", MaxResults=1000).get("QueueUrls", [])
+        except TransportError:
+            return None
+        names = [url.rstrip("/").rsplit("/", 1)[-1] for url in urls]
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        return near[0] if near else None
 
     def close(self) -> None:
         self.sqs.close()

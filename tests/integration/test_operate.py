@@ -452,3 +452,77 @@ def test_redrive_to_the_dead_letter_queue_itself_is_refused(
     local_env.create_queue(name)
     code, _, err = cli(capsys, "redrive", f"{name}-dlq", "--to", f"{name}-dlq")
     assert code == 2 and f"--to names {name}-dlq itself" in err
+
+
+def test_a_misspelt_queue_gets_the_nearest_name(
+    local_env: LocalSQS, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = unique("invoices")
+    local_env.create_queue(name + ".fifo", max_receive_count=None)
+    code, _, err = cli(capsys, "send", name, "x")
+    assert code == 1 and err.endswith(f"; did you mean {name}.fifo?\n")
+
+
+def test_peek_of_an_empty_queue_says_so(
+    local_env: LocalSQS, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = unique("peek")
+    local_env.create_queue(name, max_receive_count=None)
+    assert cli(capsys, "peek", name)[:2] == (0, f"no message of {name} was visible to receive\n")
+
+
+class TwoLooks:
+    """Signals for `queues --watch`: Ctrl-C comes during the second wait."""
+
+    def __init__(self) -> None:
+        self.received = threading.Event()
+        self.waits = 0
+
+        def wait(timeout: float | None = None) -> bool:
+            self.waits += 1
+            if self.waits == 2:
+                self.received.set()
+            return self.received.is_set()
+
+        self.received.wait = wait  # type: ignore[method-assign]
+
+    def install(self) -> None:
+        pass
+
+
+def test_queues_watch_into_a_pipe_prints_a_table_each_time(
+    local_env: LocalSQS, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqsworker import commands
+
+    name = unique("watch")
+    local_env.create_queue(name, max_receive_count=None)
+    monkeypatch.setattr(commands, "Signals", TwoLooks)
+    code, out, _ = cli(capsys, "queues", name, "--watch", "0.5")
+    assert code == 0
+    assert len(re.findall(rf"^{name} +0 +0 +0 ", out, re.M)) == 2, out
+    assert out.count("every 0.5 s; Ctrl-C stops\n") == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--port", "99999"], "--port 99999 is not a port: use 1 to 65535, or 0 for a free one"),
+        (["--queue", "bad name!"], "--queue 'bad name!' is not a queue name this can create"),
+        (["--queue", "q" * 77], "is not a queue name this can create"),
+        (["--max-receive-count", "0"], "--max-receive-count 0 must be 1 or more"),
+        (["--visibility-timeout", "-1"], "--visibility-timeout -1 must be 0 to 43200 seconds"),
+        (["--host", "no-such-host.invalid", "--port", "0"], "could not listen on no-such-host"),
+    ],
+)
+def test_local_refuses_what_cannot_work_in_one_sentence(argv: list[str], says: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sqsworker.cli", "local", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode in (1, 2)
+    assert done.stderr.startswith("sqsworker: error: ") and says in done.stderr
+    assert done.stderr.count("\n") == 1
