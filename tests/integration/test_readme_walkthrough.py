@@ -4,16 +4,17 @@ docs/operating.md."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from sqsworker.local import LocalSQS
-from sqsworker.transports.sqs import SQSTransport
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,22 +29,33 @@ def walkthrough() -> list[str]:
     return [block.replace(".venv/bin/", f"{BIN}/") for block in blocks]
 
 
+@contextmanager
+def local(*argv: str) -> Iterator[dict[str, str]]:
+    """`sqsworker local ARGV --port 0` in its own process (moto's backend is one per
+    process: queues named as in the docs must not meet other tests' queues); yields the
+    environment it printed."""
+    command = [str(BIN / "sqsworker"), "local", *argv, "--port", "0"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT) as server:
+        try:
+            assert server.stdout is not None
+            exports: dict[str, str] = {}
+            for line in server.stdout:
+                if line.startswith("export "):
+                    key, _, value = line.removeprefix("export ").strip().partition("=")
+                    exports[key] = value
+                if line.startswith("# queue") and line.split()[2] == argv[-1]:
+                    break
+            yield exports
+        finally:
+            server.terminate()
+
+
 def test_the_readme_walkthrough_runs_as_written() -> None:
     local_block, shell_block = walkthrough()
     command = local_block.split("#", 1)[0].split()
+    assert command[:2] == [f"{BIN}/sqsworker", "local"]
     # The one change: a free port, as 4566 may be taken (by LocalStack, or another run).
-    server = subprocess.Popen(
-        [*command, "--port", "0"], stdout=subprocess.PIPE, text=True, cwd=ROOT
-    )
-    try:
-        assert server.stdout is not None
-        exports: dict[str, str] = {}
-        for line in server.stdout:
-            if line.startswith("export "):
-                key, _, value = line.removeprefix("export ").strip().partition("=")
-                exports[key] = value
-            if line.startswith("# queue orders"):
-                break
+    with local(*command[2:]) as exports:
         done = subprocess.run(
             ["bash", "-e", "-c", shell_block],
             env={**os.environ, **exports},
@@ -52,11 +64,6 @@ def test_the_readme_walkthrough_runs_as_written() -> None:
             text=True,
             timeout=180,
         )
-    finally:
-        server.terminate()
-        server.wait(30)
-        if server.stdout is not None:
-            server.stdout.close()
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "sent 3 messages to orders" in out
@@ -65,25 +72,17 @@ def test_the_readme_walkthrough_runs_as_written() -> None:
     assert "moved 1 message from orders-dlq to orders" in out
 
 
-def test_the_send_examples_of_operating_queues_run_as_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_send_examples_of_operating_queues_run_as_written(tmp_path: Path) -> None:
     text = (ROOT / "docs" / "operating.md").read_text()
     (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "sqsworker send" in b]
-    with LocalSQS(port=0) as server:
-        server.create_queue("orders")
-        server.create_queue("payments.fifo")
-        done = subprocess.run(
-            ["bash", "-e", "-c", block],
-            env={**os.environ, **server.env(), "PATH": f"{BIN}:{os.environ['PATH']}"},
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
+    with local("--queue", "orders", "--queue", "payments.fifo") as exports:
+        env = {**os.environ, **exports, "PATH": f"{BIN}:{os.environ['PATH']}"}
+        run = functools.partial(
+            subprocess.run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
         )
+        done = run(["bash", "-e", "-c", block])
         assert done.returncode == 0, done.stderr
-        for key, value in server.env().items():
-            monkeypatch.setenv(key, value)
-        orders, payments = SQSTransport.connect("orders"), SQSTransport.connect("payments.fifo")
-        assert (orders.counts().visible, orders.counts().delayed) == (7, 1)
-        assert payments.counts().visible == 1
+        listed = run(["sqsworker", "queues", "--json"])
+    rows = {row["name"]: row for row in map(json.loads, listed.stdout.splitlines())}
+    assert (rows["orders"]["visible"], rows["orders"]["delayed"]) == (7, 1)
+    assert rows["payments.fifo"]["visible"] == 1
