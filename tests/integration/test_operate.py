@@ -360,17 +360,6 @@ def test_purge_on_a_terminal_takes_only_the_queue_name_as_yes(
     assert queue.counts().total == 0
 
 
-class OneLook:
-    """Signals for `queues --watch`: Ctrl-C comes during the first wait."""
-
-    def __init__(self) -> None:
-        self.received = threading.Event()
-        self.received.wait = lambda timeout=None: self.received.set() or True  # type: ignore[method-assign]
-
-    def install(self) -> None:
-        pass
-
-
 def test_queues_watch_draws_the_table_until_ctrl_c(
     local_env: LocalSQS, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -379,7 +368,7 @@ def test_queues_watch_draws_the_table_until_ctrl_c(
     name = unique("watch")
     local_env.create_queue(name, max_receive_count=None)
     send_all(SQSTransport.connect(name), ["a", "b"])
-    monkeypatch.setattr(commands, "Signals", OneLook)
+    monkeypatch.setattr(commands, "Signals", CtrlC)
     code, out, _ = cli(capsys, "queues", name, "--watch", "0.5")
     assert code == 0
     assert re.search(rf"^{name} +2 +0 +0 ", out, re.M), out
@@ -471,8 +460,10 @@ def test_peek_of_an_empty_queue_says_so(
     assert cli(capsys, "peek", name)[:2] == (0, f"no message of {name} was visible to receive\n")
 
 
-class TwoLooks:
-    """Signals for `queues --watch`: Ctrl-C comes during the second wait."""
+class CtrlC:
+    """Signals for `queues --watch`: Ctrl-C comes during wait number ``AT``."""
+
+    AT = 1
 
     def __init__(self) -> None:
         self.received = threading.Event()
@@ -480,7 +471,7 @@ class TwoLooks:
 
         def wait(timeout: float | None = None) -> bool:
             self.waits += 1
-            if self.waits == 2:
+            if self.waits == self.AT:
                 self.received.set()
             return self.received.is_set()
 
@@ -497,7 +488,7 @@ def test_queues_watch_into_a_pipe_prints_a_table_each_time(
 
     name = unique("watch")
     local_env.create_queue(name, max_receive_count=None)
-    monkeypatch.setattr(commands, "Signals", TwoLooks)
+    monkeypatch.setattr(commands, "Signals", type("AtTheSecondWait", (CtrlC,), {"AT": 2}))
     code, out, _ = cli(capsys, "queues", name, "--watch", "0.5")
     assert code == 0
     assert len(re.findall(rf"^{name} +0 +0 +0 ", out, re.M)) == 2, out
