@@ -136,6 +136,8 @@ def run(target: str, cli_options: dict[str, str | None]) -> int:
         fail(str(exc))
         return EXIT_USAGE
     logs.configure(cfg.log_level, cfg.log_format)
+    for warning in config.unknown_variables(os.environ):
+        structlog.get_logger("sqsworker").warning(warning)
     tally = Tally()
     observers: list[Observer] = [logs.LogObserver(handler.name, log_bodies=cfg.log_bodies), tally]
     metrics = Metrics(cfg.queue, handler.name) if cfg.metrics_port is not None else None

@@ -9,6 +9,7 @@ decorator, default.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -316,6 +317,20 @@ def env_var(name: str) -> str:
 
 def options() -> list[dataclasses.Field[Any]]:
     return list(dataclasses.fields(WorkerConfig))
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """A warning for each SQSWORKER_ variable that names no option (a typo is otherwise
+    silently ignored), with the nearest option's variable."""
+    known = [f.name.upper() for f in options()]
+    warnings = []
+    for name in sorted(env):
+        option = name.removeprefix(ENV_PREFIX)
+        if name.startswith(ENV_PREFIX) and option not in known:
+            near = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
+            hint = f"did you mean {ENV_PREFIX}{near[0]}?" if near else "see sqsworker run --help"
+            warnings.append(f"{name} is not an sqsworker option and is ignored: {hint}")
+    return warnings
 
 
 def resolve(

@@ -67,8 +67,22 @@ class Message:
         return f"<Message {self.message_id} queue={self.queue!r} receive={self.receive_count}>"
 
     @classmethod
-    def build(cls, body: str, *, message_id: str = "test-message", **attributes: str) -> Message:
-        """A message with no queue behind it, for unit-testing a handler."""
+    def build(
+        cls,
+        body: str | Mapping[str, Any] | list[Any],
+        *,
+        message_id: str = "test-message",
+        **attributes: str,
+    ) -> Message:
+        """A message with no queue behind it, for unit-testing a handler. A dict or list
+        body is sent as its JSON text, as a producer would send it."""
+        if not isinstance(body, str):
+            try:
+                body = json.dumps(body)
+            except TypeError as exc:
+                raise TypeError(
+                    f"Message.build takes a str, or a dict or list as JSON: {exc}"
+                ) from None
         return cls(Envelope(message_id, "", body, {"ApproximateReceiveCount": "1", **attributes}))
 
     @property

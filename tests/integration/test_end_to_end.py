@@ -131,3 +131,15 @@ def test_missing_credentials_fail_fast_with_one_sentence(
     assert proc.returncode == 1
     assert "no usable AWS credentials were found" in proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_a_misspelt_variable_is_named_with_the_option_it_likely_meant(
+    local_sqs: LocalSQS,
+) -> None:
+    env = {**os.environ, **local_sqs.env(), "PYTHONPATH": str(ROOT), "SQSWORKER_CONCURENCY": "4"}
+    proc = run_to_exit("no-such-queue", env)
+    assert proc.returncode == 1
+    assert (
+        "SQSWORKER_CONCURENCY is not an sqsworker option and is ignored: "
+        "did you mean SQSWORKER_CONCURRENCY?" in proc.stdout + proc.stderr
+    )

@@ -102,3 +102,12 @@ def test_the_configuration_page_lists_every_option() -> None:
     page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     for f in config.options():
         assert f"`{config.flag(f.name)}`" in page and f"`{config.env_var(f.name)}`" in page, f.name
+
+
+def test_unknown_sqsworker_variables_are_named_with_the_nearest_option() -> None:
+    env = {"SQSWORKER_CONCURRENCY": "4", "SQSWORKER_VISIBILTY_TIMEOUT": "60", "SQSWORKER_X": "1"}
+    assert config.unknown_variables(env) == [
+        "SQSWORKER_VISIBILTY_TIMEOUT is not an sqsworker option and is ignored: "
+        "did you mean SQSWORKER_VISIBILITY_TIMEOUT?",
+        "SQSWORKER_X is not an sqsworker option and is ignored: see sqsworker run --help",
+    ]

@@ -49,3 +49,13 @@ def test_an_observer_that_raises_breaks_nothing(
     rig.wait_for("deleted", 1)
     rig.stop()
     assert "observer Broken.handler_succeeded raised" in caplog.text
+
+
+def test_message_build_takes_a_dict_as_its_json_body() -> None:
+    from sqsworker import Message
+
+    message = Message.build({"order": 7, "items": ["a"]})
+    assert message.body == '{"order": 7, "items": ["a"]}'
+    assert message.json() == {"order": 7, "items": ["a"]}
+    with pytest.raises(TypeError, match=r"Message\.build takes a str, or a dict or list as JSON"):
+        Message.build({"when": object()})
