@@ -86,14 +86,18 @@ def main() -> int:
         worker = subprocess.Popen(command, env=env, cwd=ROOT)
 
         done = threading.Event()
-        scrapes: list[str] = []
-        threading.Thread(
+        scrapes: list[tuple[bool, str]] = []
+        watcher = threading.Thread(
             target=_progress, args=(queue, dlq, metrics_url, scrapes, done), daemon=True
-        ).start()
+        )
+        watcher.start()
         code = worker.wait()
         done.set()
+        watcher.join()
         _summary(ledger, dlq, len(bodies))
-        _metrics(metrics_url, scrapes[-1] if scrapes else "")
+        settled = [text for all_settled, text in scrapes if all_settled]
+        _metrics(metrics_url, settled[-1] if settled else "")
+        _next_steps()
         queue.close()
         return code
 
@@ -108,21 +112,27 @@ def _progress(
     queue: SQSTransport,
     dlq: SQSTransport,
     metrics_url: str,
-    scrapes: list[str],
+    scrapes: list[tuple[bool, str]],
     done: threading.Event,
 ) -> None:
-    while not done.wait(2):
+    """Scrape the metrics twice a second, each after reading the queue's counts: a scrape
+    taken after SQS showed nothing left holds every message settled (each is counted
+    before its delete). Print the counts every 2 seconds."""
+    ticks = 0
+    while not done.wait(0.5):
+        counts = queue.counts()
         try:
             with urllib.request.urlopen(metrics_url, timeout=2) as response:
-                scrapes.append(response.read().decode())
+                scrapes.append((counts.total == 0, response.read().decode()))
         except OSError:
             pass  # not serving yet, or already stopped
-        counts = queue.counts()
-        print(
-            f"   .. queue: {counts.visible} waiting, {counts.in_flight} in flight; "
-            f"dead-letter queue: {dlq.counts().visible}",
-            flush=True,
-        )
+        ticks += 1
+        if ticks % 4 == 0:
+            print(
+                f"   .. queue: {counts.visible} waiting, {counts.in_flight} in flight; "
+                f"dead-letter queue: {dlq.counts().visible}",
+                flush=True,
+            )
 
 
 def _summary(ledger: Path, dlq: SQSTransport, sent: int) -> None:
@@ -173,10 +183,24 @@ def _metrics(url: str, text: str) -> None:
     lines = [line for line in text.splitlines() if line.startswith(shown)]
     if not lines:
         return
-    print(f"\n== metrics, as last scraped from {url} (all of them: docs/observability.md)")
+    print(
+        f"\n== metrics, scraped from {url} after the last message settled "
+        "(all of them: docs/observability.md)"
+    )
     for line in lines:  # the queue and handler labels are the same on every line
         line = re.sub(r'(handler|queue)="[^"]*",?', "", line).replace(",}", "}")
         print("   " + line.replace("{}", ""))
+
+
+def _next_steps() -> None:
+    print(
+        '\n== next: try it by hand (README.md, "Try it by hand")\n'
+        "   .venv/bin/sqsworker local --queue orders    # in one shell; export what it prints\n"
+        "   . .venv/bin/activate                        # then, in another:\n"
+        "   sqsworker send orders '{\"id\": 1}'\n"
+        "   sqsworker queues orders\n"
+        "   sqsworker run examples.orders:process"
+    )
 
 
 if __name__ == "__main__":

@@ -29,3 +29,9 @@ def test_the_demo_accounts_for_every_order() -> None:
     assert rows["duplicate"] == (6, 3, 3, 0)  # each copy deleted unrun
     assert "0 lost." in result.stdout
     assert "sqsworker_duplicates_suppressed_total 3.0" in result.stdout
+    # The metrics block is a scrape taken after the last message settled: it agrees with
+    # the table.
+    done = int(re.search(r"(\d+) done,", result.stdout)[1])  # type: ignore[index]
+    assert f"sqsworker_messages_succeeded_total {done}.0" in result.stdout
+    assert "after the last message settled" in result.stdout
+    assert result.stdout.rstrip().endswith("sqsworker run examples.orders:process")
