@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# uv installs them in seconds where pip takes over a minute; pip if uv cannot.
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	( $(BIN)/pip install --quiet uv && \
+	  $(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[local]' ) || \
 	$(BIN)/pip install --quiet -e '.[local]'
 	touch $(DEMO_STAMP)
 
