@@ -8,6 +8,8 @@ import functools
 import json
 import os
 import re
+import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from ..conftest import wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,3 +90,43 @@ def test_the_send_examples_of_operating_queues_run_as_written(tmp_path: Path) ->
     rows = {row["name"]: row for row in map(json.loads, listed.stdout.splitlines())}
     assert (rows["orders"]["visible"], rows["orders"]["delayed"]) == (7, 1)
     assert rows["payments.fifo"]["visible"] == 1
+
+
+def test_the_readme_idempotency_example_runs_each_payment_once(tmp_path: Path) -> None:
+    """ "Run each effect once": the handler as written, run with the first command as
+    written, gets one payment twice; the ledger holds it once, the queue ends empty."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Run each effect once", 1)[1].split("\n## ", 1)[0]
+    (handler,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    command = re.findall(r"```sh\n(.*?)```", section, re.S)[0].splitlines()[0].split("#")[0]
+    (tmp_path / "app.py").write_text("import sqsworker\n\n" + handler)
+    with local("--queue", "payments") as exports:
+        env = {**os.environ, **exports, "PATH": f"{BIN}:{os.environ['PATH']}"}
+        env["PYTHONPATH"] = str(tmp_path)
+        send = [str(BIN / "sqsworker"), "send", "payments", '{"payment": {"id": "p-1"}}']
+        for _ in range(2):
+            subprocess.run(send, env=env, check=True, capture_output=True, timeout=60)
+        status = [str(BIN / "sqsworker"), "queues", "payments", "--json"]
+
+        def queues() -> dict[str, dict[str, int]]:
+            listed = subprocess.run(status, env=env, capture_output=True, text=True, timeout=60)
+            return {r["name"]: r for r in map(json.loads, listed.stdout.splitlines())}
+
+        def drained() -> bool:
+            queue = queues()["payments"]
+            return queue["visible"] + queue["in_flight"] + queue["delayed"] == 0
+
+        with subprocess.Popen(
+            # As written, plus: no metrics port, and short polls so SIGTERM ends it soon.
+            [*command.split(), "--metrics-port", "off", "--wait-time", "1"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ) as worker:
+            wait_until(drained, timeout=60, what="the payments queue drained")
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(60) == 0
+        assert queues()["payments-dlq"]["visible"] == 0
+    with sqlite3.connect(tmp_path / "app.db") as db:
+        assert db.execute("SELECT payment, cents FROM ledger").fetchall() == [("p-1", 10)]
