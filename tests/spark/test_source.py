@@ -57,10 +57,11 @@ def test_every_message_is_written_once_and_deleted(
     spark: SparkSession, aws: LocalSQS, tmp_path: Path
 ) -> None:
     queue = make_queue(aws, "orders")
-    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(1000)])
-    run(spark, queue, tmp_path, write_once(str(tmp_path / "out")), maxMessagesPerBatch="400")
+    # Three batches; 1,000 messages took close to the 120 s test limit on moto's server.
+    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(500)])
+    run(spark, queue, tmp_path, write_once(str(tmp_path / "out")), maxMessagesPerBatch="200")
     ids = output_ids(spark, tmp_path / "out")
-    assert len(ids) == 1000 and set(ids) == set(sent)
+    assert len(ids) == 500 and set(ids) == set(sent)
     assert queue.counts().total == 0  # every message deleted once its batch committed
     assert files(tmp_path / "wal") == []  # and the log of each batch cleaned up
 
