@@ -142,16 +142,8 @@ class Queues:
         return sorted(rows, key=lambda row: row.name)
 
     def _list(self, prefix: str) -> list[str]:
-        urls: list[str] = []
-        kwargs: dict[str, Any] = {"MaxResults": 1000}
-        if prefix:
-            kwargs["QueueNamePrefix"] = prefix
-        while True:
-            page = self.sqs.request("ListQueues", **kwargs)
-            urls += page.get("QueueUrls", [])
-            if not page.get("NextToken"):
-                return urls
-            kwargs["NextToken"] = page["NextToken"]
+        kwargs = {"QueueNamePrefix": prefix} if prefix else {}
+        return _all_pages(self.sqs, "ListQueues", "QueueUrls", **kwargs)
 
     def _attributes(self, url: str) -> dict[str, str]:
         try:
@@ -165,7 +157,7 @@ class Queues:
     def _url_of_arn(self, arn: str) -> str | None:
         if arn not in self._urls:  # a queue's URL does not change: ask once
             try:
-                self._urls[arn] = self.open(arn).info.url
+                self._urls[arn] = self.sqs.open(arn).info.url  # no nearest-name lookup
             except StartupError:
                 return None
         return self._urls[arn]
@@ -188,14 +180,19 @@ class Queues:
 
     def sources_of(self, dlq: SQSTransport) -> list[str]:
         """The URLs of the queues whose redrive policy names ``dlq``."""
-        urls: list[str] = []
-        kwargs: dict[str, Any] = {"QueueUrl": dlq.info.url, "MaxResults": 1000}
-        while True:
-            page = dlq.request("ListDeadLetterSourceQueues", **kwargs)
-            urls += page.get("queueUrls", [])
-            if not page.get("NextToken"):
-                return urls
-            kwargs["NextToken"] = page["NextToken"]
+        return _all_pages(dlq, "ListDeadLetterSourceQueues", "queueUrls", QueueUrl=dlq.info.url)
+
+
+def _all_pages(sqs: SQSTransport, action: str, key: str, **kwargs: Any) -> list[str]:
+    """Every item under ``key`` of a paged SQS list action, page after page."""
+    items: list[str] = []
+    kwargs["MaxResults"] = 1000
+    while True:
+        page = sqs.request(action, **kwargs)
+        items += page.get(key, [])
+        if not page.get("NextToken"):
+            return items
+        kwargs["NextToken"] = page["NextToken"]
 
 
 # -- send -------------------------------------------------------------------------------
