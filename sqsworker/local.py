@@ -15,6 +15,7 @@ import boto3
 from .errors import ConfigError
 
 REGION = "us-east-1"
+START_LIMIT = 30  # seconds for moto's server to start serving
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
 
 
@@ -38,12 +39,21 @@ class LocalSQS:
         self.endpoint_url = ""
 
     def start(self) -> LocalSQS:
-        """Serve; ``OSError`` if the port is taken (moto's server would wait forever)."""
-        # Also for port 0: an unknown host fails here too, not in the server's thread.
+        """Serve; ``OSError`` if the port is taken or the server does not come up.
+
+        moto's server binds in its own thread and its ``start()`` waits for it without a
+        bound, so a bind that fails there would wait forever: the port is probed first
+        (also for port 0: an unknown host fails here), and the wait is bounded (the port
+        can still be taken between the probe and the bind).
+        """
         with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((self.host, self.port))
-        self._server.start()
+        starting = threading.Thread(target=self._server.start, daemon=True)
+        starting.start()
+        starting.join(START_LIMIT)
+        if starting.is_alive():
+            raise OSError(f"the server did not start within {START_LIMIT} s")
         _, port = self._server.get_host_and_port()
         self.port = port
         self.endpoint_url = f"http://{self.host}:{port}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -108,3 +109,19 @@ def test_concurrent_receives_never_hand_one_message_to_two_consumers(
         sys.setswitchinterval(switch)
     assert not errors
     assert len(seen) == 300 and set(seen.values()) == {1}
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # moto's
+def test_a_port_taken_between_the_probe_and_the_bind_fails_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sqsworker import local
+
+    monkeypatch.setattr(local, "START_LIMIT", 2)
+    server = LocalSQS(port=0)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server._server._port = taken.getsockname()[1]  # as if taken after the probe
+        with pytest.raises(OSError, match="the server did not start within 2 s"):
+            server.start()
