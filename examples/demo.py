@@ -175,6 +175,7 @@ def _metrics(url: str, text: str) -> None:
     shown = (
         "sqsworker_messages_succeeded_total",
         "sqsworker_messages_failed_total",
+        "sqsworker_messages_rejected_total",
         "sqsworker_messages_dead_lettered_total",
         "sqsworker_visibility_extensions_total",
         "sqsworker_duplicates_suppressed_total",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import WorkerConfig
-    from .errors import TransportError
+    from .errors import Retry, TransportError
     from .message import Message
     from .transports import QueueInfo
 
@@ -42,7 +42,13 @@ class Observer:
         retry_in: float,
         last_attempt: bool,
     ) -> None:
-        """The handler raised; the message returns to the queue in ``retry_in`` seconds."""
+        """The handler raised; the message returns to the queue in ``retry_in`` seconds
+        (on its ``last_attempt``, SQS moves it to the dead-letter queue instead)."""
+
+    def handler_retry_requested(
+        self, message: Message, request: Retry, duration: float, retry_in: float, last_attempt: bool
+    ) -> None:
+        """The handler raised ``Retry``: returned as asked; not a failure of the handler."""
 
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
@@ -55,6 +61,10 @@ class Observer:
     def deleted(self, messages: Sequence[Message]) -> None: ...
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None: ...
+
+    def deleted_after_lease_lost(self, message: Message) -> None:
+        """SQS took a delete sent with the receipt handle of a lease lost before: it may
+        have delivered the message again meanwhile (the loss was reported then)."""
 
     def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
         """Messages made visible again after ``delay`` seconds (retry backoff or hand-back)."""
@@ -157,6 +167,13 @@ class Tally(Observer):
         if last_attempt:  # SQS moves it to the dead-letter queue on its next receive
             self._add("dead_lettered")
 
+    def handler_retry_requested(
+        self, message: Message, request: Retry, duration: float, retry_in: float, last_attempt: bool
+    ) -> None:
+        self._add("retry_requested")
+        if last_attempt:
+            self._add("dead_lettered")
+
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
     ) -> None:
@@ -172,6 +189,9 @@ class Tally(Observer):
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         self._add("delete_failures")
+
+    def deleted_after_lease_lost(self, message: Message) -> None:
+        self._add("deleted_after_lease_lost")
 
     def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
         self._add("returned", len(messages))

@@ -140,6 +140,7 @@ class LeaseKeeper:
         self._held: dict[str, Held] = {}  # by receipt handle
         self._ops: list[_Op] = []
         self._stopping = False
+        self.handed_back_count = 0  # returns at shutdown SQS took: read by the closing line
         self._give_up_at: float | None = None
         self._thread: Task | None = None
         self._finished = False  # the thread has returned
@@ -508,12 +509,7 @@ class LeaseKeeper:
             if op.action != "delete":
                 continue
             if op.held.lost:
-                self.observer.delete_failed(
-                    op.held.message,
-                    "deleted with the receipt handle of a lost lease; SQS may have "
-                    "delivered it again meanwhile",
-                    False,
-                )
+                self.observer.deleted_after_lease_lost(op.held.message)
             else:
                 confirmed.append(op.held.message)
         if confirmed:
@@ -523,6 +519,8 @@ class LeaseKeeper:
             if op.action == "return":
                 by_reason.setdefault((op.seconds, op.reason), []).append(op.held.message)
         for (seconds, reason), messages in by_reason.items():
+            if reason == "shutdown":
+                self.handed_back_count += len(messages)
             self.observer.returned(messages, seconds, reason)
 
     def _retry(self, ops: Sequence[_Op]) -> None:

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from .errors import Reject
 from .events import Observer
 from .lanes import HANDED_BACK_BEHIND
 
 if TYPE_CHECKING:
     from .config import WorkerConfig
-    from .errors import TransportError
+    from .errors import Retry, TransportError
     from .message import Message
     from .transports import QueueInfo
 
@@ -75,7 +76,10 @@ def summary(counts: Mapping[str, int]) -> None:
         received=counts.get("received", 0),
         succeeded=counts.get("succeeded", 0),
         failed=counts.get("failed", 0),
+        retry_requested=counts.get("retry_requested", 0),
+        rejected=counts.get("rejected", 0),
         dead_lettered=counts.get("dead_lettered", 0),
+        skipped=counts.get("skipped", 0),
         leases_extended=counts.get("lease_extensions", 0),
         leases_lost=counts.get("leases_lost", 0),
         handed_back=counts.get("handed_back", 0),
@@ -148,23 +152,40 @@ class LogObserver(Observer):
                 retry_in=round(retry_in, 1),
             )
 
+    def handler_retry_requested(
+        self, message: Message, request: Retry, duration: float, retry_in: float, last_attempt: bool
+    ) -> None:
+        log = self._for(message)
+        if last_attempt:
+            log.warning(
+                "retry requested on the message's last attempt; SQS moves it to the "
+                "dead-letter queue on its next receive",
+                reason=str(request),
+                max_receive_count=self.max_receive_count,
+            )
+        else:
+            log.info("retry requested", reason=str(request), retry_in=round(retry_in, 1))
+
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
     ) -> None:
         log = self._for(message, with_body=True)
+        # A Reject is the handler's decision, said in its message; an exception of
+        # --non-retryable is a fault like any other, and its traceback shows where.
+        trace = None if isinstance(error, Reject) else error
         if dead_letter:
             log.error(
                 "handler rejected the message; moved to the dead-letter queue",
                 error=_error(error),
                 dead_letter_queue=dead_letter,
-                exc_info=error,
+                exc_info=trace,
             )
         else:
             log.error(
                 "handler rejected the message, but the queue has no dead-letter queue; "
                 "kept and retried after the longest backoff",
                 error=_error(error),
-                exc_info=error,
+                exc_info=trace,
             )
 
     def handler_skipped(self, message: Message, reason: str) -> None:
@@ -174,6 +195,11 @@ class LogObserver(Observer):
         log = self._for(message)
         (log.warning if will_retry else log.error)(
             "delete failed", reason=reason, will_retry=will_retry
+        )
+
+    def deleted_after_lease_lost(self, message: Message) -> None:
+        self._for(message).warning(
+            "deleted after its lease was lost: SQS may have delivered it again meanwhile"
         )
 
     def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:

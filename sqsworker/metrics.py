@@ -23,7 +23,7 @@ from .config import MAX_VISIBILITY
 from .events import Observer
 
 if TYPE_CHECKING:
-    from .errors import TransportError
+    from .errors import Retry, TransportError
     from .message import Message
     from .worker import Worker
 
@@ -61,11 +61,23 @@ class Metrics(Observer):
         )
         self.messages_failed = counter(
             "sqsworker_messages_failed",
-            "Handler failures (retried or rejected), by exception type.",
+            "Handler errors, by exception type: the message is retried, or on its last "
+            "attempt moved by SQS to the dead-letter queue. Retry and rejections are "
+            "counted on their own.",
+            "exception",
+        )
+        self.messages_retry_requested = counter(
+            "sqsworker_messages_retry_requested", "Messages whose handler raised Retry."
+        )
+        self.messages_rejected = counter(
+            "sqsworker_messages_rejected",
+            "Messages rejected (Reject, a --non-retryable exception, an idempotency key "
+            "conflict or no key), by exception type.",
             "exception",
         )
         self.messages_retried = counter(
-            "sqsworker_messages_retried", "Failed messages returned to the queue to be retried."
+            "sqsworker_messages_retried",
+            "Messages returned to the queue to be retried, after a handler error or a Retry.",
         )
         self.messages_dead_lettered = counter(
             "sqsworker_messages_dead_lettered",
@@ -131,7 +143,7 @@ class Metrics(Observer):
         )
         self.duration = Histogram(
             "sqsworker_handler_duration_seconds",
-            "Handler run time, by outcome (success, failure, rejected).",
+            "Handler run time, by outcome (success, failure, retry, rejected).",
             [*LABELS, "outcome"],
             buckets=DURATION_BUCKETS,
             registry=r,
@@ -159,6 +171,7 @@ class Metrics(Observer):
         self._received = self.messages_received.labels(**bound)
         self._succeeded = self.messages_succeeded.labels(**bound)
         self._retried = self.messages_retried.labels(**bound)
+        self._retry_requested = self.messages_retry_requested.labels(**bound)
         self._skipped = self.messages_skipped.labels(**bound)
         self._deletes = self.deletes.labels(**bound)
         self._extensions = self.extensions.labels(**bound)
@@ -214,10 +227,20 @@ class Metrics(Observer):
         else:
             self._retried.inc()
 
+    def handler_retry_requested(
+        self, message: Message, request: Retry, duration: float, retry_in: float, last_attempt: bool
+    ) -> None:
+        self._retry_requested.inc()
+        self.duration.labels(**self.labels, outcome="retry").observe(duration)
+        if last_attempt:
+            self.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
+        else:
+            self._retried.inc()
+
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
     ) -> None:
-        self.messages_failed.labels(**self.labels, exception=type(error).__name__).inc()
+        self.messages_rejected.labels(**self.labels, exception=type(error).__name__).inc()
         self.duration.labels(**self.labels, outcome="rejected").observe(duration)
         if dead_letter:
             self.messages_dead_lettered.labels(**self.labels, reason="rejected").inc()

@@ -227,7 +227,7 @@ class Worker:
         self.transport.close()
         if self.idempotency:  # a store call still under way at the deadline is left to end
             self.idempotency.close(deadline=max(deadline, self.clock.monotonic() + 5.0))
-        self.observer.shutdown_finished(clean, len(waiting) + len(overdue), unsettled)
+        self.observer.shutdown_finished(clean, self.keeper.handed_back_count, unsettled)
         return 0 if clean else 1
 
     # -- the receive thread --------------------------------------------------------------
@@ -517,7 +517,11 @@ class Worker:
         elif delay is None:
             delay = self.backoff.delay(message.receive_count)
         self.keeper.release(held, delay, "retry")
-        self.observer.handler_failed(message, exc, self.clock.monotonic() - started, delay, last)
+        duration = self.clock.monotonic() - started
+        if isinstance(exc, Retry):
+            self.observer.handler_retry_requested(message, exc, duration, delay, last)
+        else:
+            self.observer.handler_failed(message, exc, duration, delay, last)
 
     def _reject(self, held: Held, exc: BaseException, started: float) -> None:
         """A non-retryable failure: to the dead-letter queue now, or kept if there is none."""

@@ -507,6 +507,9 @@ class Recorder(Observer):
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         self._trouble(message, "delete failed")
 
+    def deleted_after_lease_lost(self, message: Message) -> None:
+        self._trouble(message, "deleted after its lease was lost")
+
     def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
         now = self.world.clock.monotonic()
         for message in messages:

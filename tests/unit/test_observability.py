@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import structlog
 
-from sqsworker import Message, Reject
+from sqsworker import Message, Reject, Retry
 from sqsworker.clock import FakeClock
 from sqsworker.errors import TransportError
-from sqsworker.logs import LogObserver, configure
+from sqsworker.logs import LogObserver, configure, summary
 from sqsworker.metrics import Metrics
 from sqsworker.telemetry import TelemetryServer
 from sqsworker.transports import BatchResult, Envelope
@@ -89,7 +89,8 @@ def test_counters_match_what_happened(
 
     assert sample(metrics, "sqsworker_messages_received_total") == 27
     assert sample(metrics, "sqsworker_messages_succeeded_total") == 21
-    assert sample(metrics, "sqsworker_messages_failed_total", exception="Reject") == 5
+    assert sample(metrics, "sqsworker_messages_rejected_total", exception="Reject") == 5
+    assert sample(metrics, "sqsworker_messages_failed_total", exception="Reject") == 0
     assert sample(metrics, "sqsworker_messages_failed_total", exception="ValueError") == 1
     assert sample(metrics, "sqsworker_messages_retried_total") == 1
     assert sample(metrics, "sqsworker_messages_dead_lettered_total", reason="rejected") == 5
@@ -243,7 +244,84 @@ def test_json_logs_carry_message_fields_and_never_the_body(
         assert line["message_id"] and line["queue"] == "jobs" and line["receive_count"] == 1
         assert line["handler"].endswith("handler")
     rejected = by_event["handler rejected the message; moved to the dead-letter queue"]
-    assert rejected["level"] == "error" and "Reject: card declined" in rejected["exception"]
+    assert rejected["level"] == "error" and rejected["error"] == "Reject: card declined"
+    assert "exception" not in rejected  # the handler's decision: no traceback
+
+
+def test_each_outcome_is_counted_once_under_its_own_name_and_the_summary_agrees(
+    memory: MemorySQS, clock: FakeClock, metrics: Metrics, json_logs: io.StringIO
+) -> None:
+    def handler(message: Message) -> None:
+        first = message.receive_count == 1
+        if message.body == "flaky" and first:
+            raise ConnectionError("gateway timed out")
+        if message.body == "poison":
+            raise ValueError("no line items")
+        if message.body == "later" and first:
+            raise Retry(0, "the ledger is closed until midnight")
+        if message.body == "never":
+            raise Retry(0, "still closed")
+        if message.body == "reject":
+            raise Reject("card declined")
+        if message.body == "fault":
+            raise KeyError("sku")
+
+    rig = Rig(
+        memory,
+        clock,
+        handler,
+        concurrency=4,
+        non_retryable=(KeyError,),
+        observers=[metrics, LogObserver("tests.handler")],
+    )
+    rig.send("ok", "ok", "flaky", "poison", "later", "never", "reject", "fault")
+    rig.worker.start()
+    rig.advance_until(lambda: rig.dlq is not None and rig.dlq.counts().total == 4, limit=400)
+    assert rig.stop() == 0
+    counts = rig.tally.counts
+
+    def total(name: str) -> float:
+        return sum(
+            s.value
+            for family in metrics.registry.collect()
+            for s in family.samples
+            if s.name == name
+        )
+
+    # One count per outcome, each under its name, and each the metric's figure.
+    expected = {
+        "succeeded": ("sqsworker_messages_succeeded_total", 4),  # ok, ok, flaky, later
+        "failed": ("sqsworker_messages_failed_total", 4),  # flaky once, poison 3 times
+        "retry_requested": ("sqsworker_messages_retry_requested_total", 4),  # later, never x3
+        "rejected": ("sqsworker_messages_rejected_total", 2),  # reject, fault
+        "dead_lettered": ("sqsworker_messages_dead_lettered_total", 4),
+    }
+    for field, (metric, n) in expected.items():
+        assert counts[field] == total(metric) == n, field
+    lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    events = [line["event"] for line in lines]
+    assert events.count("message processed") == 4
+    assert events.count("retry requested") == 3  # later once, never twice; then its last
+    last = [e for e in events if e.startswith("retry requested on the message's last attempt")]
+    assert len(last) == 1
+    failed = [line for line in lines if line["event"].startswith("handler failed")]
+    assert sorted(line["error"].split(":")[0] for line in failed) == [
+        "ConnectionError",
+        *["ValueError"] * 3,
+    ]
+    retried = [line for line in lines if line["event"].startswith("retry requested")]
+    assert all("exception" not in line and "error" not in line for line in retried)
+    rejected = {
+        line["error"]: line for line in lines if line["event"].startswith("handler rejected")
+    }
+    assert "exception" not in rejected["Reject: card declined"]
+    assert "KeyError" in rejected["KeyError: 'sku'"]["exception"]  # a fault: where it was
+    summary(counts)  # the closing line of `sqsworker run`
+    closing = json.loads(json_logs.getvalue().splitlines()[-1])
+    assert closing["event"] == "summary"
+    for field, (metric, _) in expected.items():
+        assert closing[field] == total(metric), field
+    assert closing["received"] == total("sqsworker_messages_received_total") == 14
 
 
 def test_bodies_are_logged_only_when_asked(
@@ -265,3 +343,58 @@ def test_the_trace_header_joins_the_log_context() -> None:
     message = Message.build("{}", AWSTraceHeader="Root=1-5759e988-bd862e3fe1be46a994272793")
     assert message.log_context["aws_trace_header"] == "Root=1-5759e988-bd862e3fe1be46a994272793"
     assert "aws_trace_header" not in Message.build("{}").log_context
+
+
+class SecondReceiveHangs(MemoryTransport):
+    """A memory transport whose second receive hangs until ``release`` is set: a long
+    poll under way when shutdown begins."""
+
+    def __init__(self, memory: MemorySQS) -> None:
+        super().__init__(memory, memory.transport("jobs").info)
+        self.receives = 0
+        self.stalled = threading.Event()
+        self.release = threading.Event()
+
+    def receive(
+        self, max_messages: int, wait_seconds: int, visibility_timeout: int, attempt_id: Any = None
+    ) -> list[Envelope]:
+        self.receives += 1
+        if self.receives == 2:
+            self.stalled.set()
+            self.release.wait(30)
+        return super().receive(max_messages, wait_seconds, visibility_timeout, attempt_id)
+
+
+def test_a_message_handed_back_twice_counts_twice_in_the_log_the_summary_and_the_metrics(
+    memory: MemorySQS, clock: FakeClock, metrics: Metrics, json_logs: io.StringIO
+) -> None:
+    gate = Gate()
+    memory.create_queue_with_dlq("jobs", 3)
+    transport = SecondReceiveHangs(memory)
+    rig = Rig(
+        memory,
+        clock,
+        gate,
+        concurrency=1,
+        prefetch=19,
+        transport=transport,
+        observers=[metrics, LogObserver("tests.handler")],
+    )
+    rig.send("runs", "waits")
+    rig.worker.start()
+    assert gate.started.wait(10) and transport.stalled.wait(10)
+    rig.worker.request_stop()
+    stopping = threading.Thread(target=rig.worker.shutdown)
+    stopping.start()
+    # "waits" is handed back at once; the poll under way then receives it again.
+    wait_until(lambda: rig.count("handed_back") == 1)
+    transport.release.set()
+    gate.release.set()
+    stopping.join(10)
+    assert not stopping.is_alive()
+    summary(rig.tally.counts)
+    lines = {line["event"]: line for line in map(json.loads, json_logs.getvalue().splitlines())}
+    assert lines["stopped"]["handed_back"] == 2
+    assert lines["summary"]["handed_back"] == 2
+    assert sample(metrics, "sqsworker_messages_handed_back_total") == 2
+    assert memory.counts("jobs").total == 1  # "waits", visible again; "runs" deleted

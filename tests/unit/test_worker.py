@@ -172,7 +172,7 @@ def test_lease_lost_when_renewals_keep_failing(memory: MemorySQS, clock: FakeClo
     [stolen] = memory.transport("jobs").receive(1, 0, 30)  # another consumer takes it
     assert stolen.receive_count == 2
     release.set()
-    rig.wait_for("delete_failures", 1)
+    rig.wait_for("deleted_after_lease_lost", 1)
     assert rig.count("deleted") == 0  # never reported done
     assert rig.queue.counts().in_flight == 1  # still the other consumer's
     rig.stop()
@@ -195,7 +195,7 @@ def test_a_stalled_lease_thread_loses_the_lease_not_the_message(
     clock.advance(11)  # a pause longer than the lease, as a long GC pause would be
     rig.wait_for("leases_lost", 1)
     gate.release.set()
-    rig.wait_for("delete_failures", 1)
+    rig.wait_for("deleted_after_lease_lost", 1)
     rig.advance_until(lambda: rig.queue.counts().total == 0)
     # The lost first attempt is never reported done; a redelivery may finish the work.
     assert all(receive > 1 for receive in deleted_receives)
