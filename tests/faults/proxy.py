@@ -5,7 +5,8 @@ adds latency, stalls a share of requests, resets a share of connections (after
 the upstream acted, so the answer is lost, the hardest case), or answers a share
 with SQS's throttling (400 ThrottlingException) or 503 ServiceUnavailable
 instead of forwarding. Faults are drawn from a seeded random generator and
-counted, so a test can say what it injected.
+counted, so a test can say what it injected. A ``watch`` callback sees every
+request forwarded and its answer (the rollout test reads deliveries from it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -33,9 +35,14 @@ class Faults:
     unavailable: float = 0.0  # share answered 503 ServiceUnavailable, not forwarded
 
 
+# (the request's X-Amz-Target, its body, the answer's status, the answer's body)
+Watch = Callable[[str, bytes, int, bytes], None]
+
+
 class FaultProxy:
-    def __init__(self, upstream: str, seed: int = 1) -> None:
+    def __init__(self, upstream: str, seed: int = 1, watch: Watch | None = None) -> None:
         parts = urlsplit(upstream)
+        self.watch = watch
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.faults = Faults()
         self.injected: Counter[str] = Counter()
@@ -55,7 +62,7 @@ class FaultProxy:
 
             do_GET = do_POST
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -65,6 +72,7 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        self._server.stopping = True
         self._server.shutdown()
         self._server.server_close()
 
@@ -97,6 +105,8 @@ class FaultProxy:
             self._count(fault)
             time.sleep(faults.stall_seconds)
         status, headers, answer = self._forward(request, body)
+        if self.watch is not None:
+            self.watch(request.headers.get("X-Amz-Target", ""), body, status, answer)
         if fault == "reset":  # the upstream acted; its answer never arrives
             self._count(fault)
             linger = struct.pack("ii", 1, 0)
@@ -126,6 +136,14 @@ class FaultProxy:
             return response.status, response.getheaders(), answer
         finally:
             connection.close()
+
+
+class _Server(ThreadingHTTPServer):
+    stopping = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not self.stopping:  # a request cut off by the upstream or the proxy going away
+            super().handle_error(request, client_address)
 
 
 def _answer(request: BaseHTTPRequestHandler, status: int, code: str, text: str) -> None:
