@@ -1,6 +1,6 @@
 """The README's "Try it by hand" runs as written: `sqsworker local` in one shell, the
-second block in another with the exports the first printed; and the send examples of
-docs/operating.md."""
+second block in another with the exports the first printed; the send examples of
+docs/operating.md; and the README's idempotency example."""
 
 from __future__ import annotations
 
@@ -11,47 +11,24 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from ..conftest import wait_until
+from ..snippets import ROOT, snippet
+from .conftest import BIN, local
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent  # the README's .venv/bin, wherever this suite's venv is
 
 
 def walkthrough() -> list[str]:
     """The shell blocks of the README's "Try it by hand" section, in order."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Try it by hand", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
-    return [block.replace(".venv/bin/", f"{BIN}/") for block in blocks]
-
-
-@contextmanager
-def local(*argv: str) -> Iterator[dict[str, str]]:
-    """`sqsworker local ARGV --port 0` in its own process (moto's backend is one per
-    process: queues named as in the docs must not meet other tests' queues); yields the
-    environment it printed."""
-    command = [str(BIN / "sqsworker"), "local", *argv, "--port", "0"]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT) as server:
-        try:
-            assert server.stdout is not None
-            exports: dict[str, str] = {}
-            for line in server.stdout:
-                if line.startswith("export "):
-                    key, _, value = line.removeprefix("export ").strip().partition("=")
-                    exports[key] = value
-                if line.startswith("# queue") and line.split()[2] == argv[-1]:
-                    break
-            yield exports
-        finally:
-            server.terminate()
+    blocks = [
+        snippet("README.md", ".venv/bin/sqsworker local --queue orders"),
+        snippet("README.md", "sqsworker redrive orders-dlq"),
+    ]
+    return [block.text.replace(".venv/bin/", f"{BIN}/") for block in blocks]
 
 
 def test_the_readme_walkthrough_runs_as_written() -> None:
@@ -77,8 +54,7 @@ def test_the_readme_walkthrough_runs_as_written() -> None:
 
 
 def test_the_send_examples_of_operating_queues_run_as_written(tmp_path: Path) -> None:
-    text = (ROOT / "docs" / "operating.md").read_text()
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "sqsworker send" in b]
+    block = snippet("docs/operating.md", "sqsworker send orders").text
     with local("--queue", "orders", "--queue", "payments.fifo") as exports:
         env = {**os.environ, **exports, "PATH": f"{BIN}:{os.environ['PATH']}"}
         run = functools.partial(
@@ -93,13 +69,11 @@ def test_the_send_examples_of_operating_queues_run_as_written(tmp_path: Path) ->
 
 
 def test_the_readme_idempotency_example_runs_each_payment_once(tmp_path: Path) -> None:
-    """ "Run each effect once": the handler as written, run with the first command as
+    """ "Run each effect once": the handler as written, run with the command as
     written, gets one payment twice; the ledger holds it once, the queue ends empty."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Run each effect once", 1)[1].split("\n## ", 1)[0]
-    (handler,) = re.findall(r"```python\n(.*?)```", section, re.S)
-    command = re.findall(r"```sh\n(.*?)```", section, re.S)[0].splitlines()[0].split("#")[0]
-    (tmp_path / "app.py").write_text("import sqsworker\n\n" + handler)
+    handler = snippet("README.md", "def charge(").text
+    command = snippet("README.md", "sqsworker run app:charge").text.split("#")[0]
+    (tmp_path / "app.py").write_text(handler)
     with local("--queue", "payments") as exports:
         env = {**os.environ, **exports, "PATH": f"{BIN}:{os.environ['PATH']}"}
         env["PYTHONPATH"] = str(tmp_path)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from sqsworker import Worker, WorkerConfig
 from sqsworker.metrics import Metrics
 from sqsworker.transports.memory import MemorySQS
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..snippets import ROOT, snippet
 
 
 def exported() -> set[str]:
@@ -43,12 +42,16 @@ def test_the_dashboard_queries_only_exported_metrics() -> None:
     assert used and used <= exported(), used - exported()
 
 
+def test_the_observability_page_queries_only_exported_metrics() -> None:
+    queries = snippet("docs/observability.md", "sum by (queue)").text
+    used = set(re.findall(r"sqsworker_\w+", queries))
+    assert used and used <= exported(), used - exported()
+
+
 def test_the_iam_policy_file_is_the_one_the_deployment_page_shows() -> None:
-    page = (ROOT / "docs" / "deployment.md").read_text()
-    shown = re.search(r"```json\n(.*?)```", page, re.S)
-    assert shown is not None
+    shown = snippet("docs/deployment.md", '"Version": "2012-10-17"').text
     policy = json.loads((ROOT / "docs" / "iam-policy.json").read_text())
-    assert policy == json.loads(shown[1])
+    assert policy == json.loads(shown)
     actions = {a for s in policy["Statement"] for a in s["Action"]}
     assert {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"} <= actions
     # what DynamoDBStore calls: check() at start, then claim, renew, complete, release

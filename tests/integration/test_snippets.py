@@ -1,0 +1,409 @@
+"""Every code block of README.md and docs/*.md that a reader would paste runs here as
+written, or is checked the way it can be (an output shown, a file shown, a query), or
+says in the Markdown why it is not run (tests/snippets.py collects them all).
+
+The handlers run for real: each in a folder of its own as app.py, with `sqsworker
+local` in a process of its own (the blocks name fixed queues such as "orders"), and
+the documented `sqsworker run` line as written, in a shell like the reader's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import sqlite3
+import subprocess
+import tomllib
+from contextlib import closing
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import yaml
+
+from sqsworker.local import CREDENTIALS
+
+from ..conftest import wait_until
+from ..snippets import ROOT, Block, blocks, parse, snippet, stray_markers
+from .conftest import BIN, local
+
+pytestmark = pytest.mark.integration
+
+# Every block a test runs or checks: by test, each block by its page and a piece of text
+# that no other block of that page holds. A block not here needs a "not run" marker.
+COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
+    "tests/integration/test_snippets.py": {
+        # run as written
+        "test_the_first_handler_runs_with_each_command": [
+            ("README.md", "# app.py"),
+            ("README.md", "sqsworker run app:process --burst"),
+        ],
+        "test_a_handlers_log_line_is_the_one_the_page_shows": [
+            ("docs/observability.md", "def process("),
+            ("docs/observability.md", '"event": "charging the card"'),  # checked: the line
+        ],
+        "test_a_key_from_the_body_suppresses_the_second_payment": [
+            ("docs/idempotency.md", "idempotency_key=lambda"),
+        ],
+        "test_the_transactional_handler_writes_each_payment_once": [
+            ("docs/idempotency.md", "sqsworker run app:charge"),
+            ("docs/idempotency.md", "message.transaction()"),
+        ],
+        "test_create_store_makes_the_table_the_page_describes": [
+            ("docs/idempotency.md", "sqsworker create-store"),
+        ],
+        # checked the way it can be
+        "test_a_bad_value_is_refused_with_the_sentence_the_page_shows": [
+            ("docs/configuration.md", "sqsworker: error:"),
+        ],
+        "test_the_queues_table_is_the_one_the_page_shows": [
+            ("docs/operating.md", "dead-letter queue  in DLQ"),
+        ],
+        "test_the_helm_install_values_render": [("docs/deployment.md", "helm install")],
+        "test_the_spark_install_line_names_the_spark_extra": [("docs/spark.md", "pip install")],
+    },
+    "tests/integration/test_readme_walkthrough.py": {
+        "test_the_readme_walkthrough_runs_as_written": [
+            ("README.md", ".venv/bin/sqsworker local"),
+            ("README.md", "sqsworker redrive orders-dlq"),
+        ],
+        "test_the_send_examples_of_operating_queues_run_as_written": [
+            ("docs/operating.md", "sqsworker send orders"),
+        ],
+        "test_the_readme_idempotency_example_runs_each_payment_once": [
+            ("README.md", "def charge("),
+            ("README.md", "sqsworker run app:charge"),
+        ],
+    },
+    "tests/spark/test_docs.py": {
+        "test_the_streaming_example_runs": [
+            ("README.md", "from spark_sink import"),
+            ("docs/spark.md", "spark.readStream"),
+        ],
+    },
+    "tests/unit/test_docs.py": {  # checked
+        "test_the_iam_policy_file_is_the_one_the_deployment_page_shows": [
+            ("docs/deployment.md", '"Version": "2012-10-17"'),
+        ],
+        "test_the_observability_page_queries_only_exported_metrics": [
+            ("docs/observability.md", "sum by (queue)"),
+        ],
+    },
+}
+
+
+def test_every_block_is_run_or_checked_or_says_why_not() -> None:
+    covered: dict[Block, str] = {}
+    for module, tests in COVERED.items():
+        source = (ROOT / module).read_text()
+        for name, named in tests.items():
+            assert re.search(rf"^def {name}\(", source, re.M), f"{module} has no {name}"
+            covered.update((snippet(page, naming), f"{module}::{name}") for page, naming in named)
+    problems = []
+    for block in blocks():
+        kind = block.info or "no info string"
+        if block.not_run is None and block not in covered:
+            problems.append(f"{block} ({kind}): run or check it in a test listed in COVERED, or")
+            problems.append('  mark it: "<!-- snippet: not run (why) -->" on the line before')
+        elif block.not_run == "":
+            problems.append(f"{block} ({kind}): its marker gives no reason")
+        elif block.not_run is not None and block in covered:
+            problems.append(f"{block} ({kind}): marked not run, but {covered[block]} runs it")
+    problems += [
+        f"{marker}: stands before no fence, or is not spelt <!-- snippet: not run (why) -->"
+        for marker in stray_markers()
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_collector_finds_every_fence_and_its_marker() -> None:
+    page = """# A page
+<!-- snippet: not run (needs a cluster) -->
+```sh
+kubectl apply
+```
+
+- a list item:
+
+  <!-- snippet: not run () -->
+  ~~~python
+  print("indented")
+  ~~~
+
+<!-- snippet: not run (a blank line follows) -->
+
+```
+plain
+```
+"""
+    found, stray = parse("page.md", page)
+    assert [(b.line, b.info, b.text, b.not_run) for b in found] == [
+        (3, "sh", "kubectl apply\n", "needs a cluster"),
+        (10, "python", 'print("indented")\n', ""),
+        (16, "", "plain\n", None),
+    ]
+    assert stray == ("page.md:14: <!-- snippet: not run (a blank line follows) -->",)
+
+
+# In the environment rather than on the documented lines, which run as written: no
+# metrics port (9000 may be taken, and tests run side by side), and 1 s polls, so that
+# burst mode and SIGTERM end a second after the queue drains rather than 20.
+QUICK = {"SQSWORKER_METRICS_PORT": "off", "SQSWORKER_WAIT_TIME": "1"}
+
+
+def shell_env(exports: dict[str, str]) -> dict[str, str]:
+    """A reader's shell after `. .venv/bin/activate` and the exports `sqsworker local` printed."""
+    return {**os.environ, **exports, **QUICK, "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+
+def client(service: str, env: dict[str, str], region: str | None = None) -> Any:
+    """A boto3 client of moto's server, as the exports `sqsworker local` printed give it."""
+    endpoint = env[f"AWS_ENDPOINT_URL_{service.upper()}"]
+    return _client(service, endpoint, region or env["AWS_REGION"])
+
+
+@cache  # one per server: depth() is called while a test waits
+def _client(service: str, endpoint: str, region: str) -> Any:
+    return boto3.client(
+        service,
+        endpoint_url=endpoint,
+        region_name=region,
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
+def send(env: dict[str, str], queue: str, body: str, key: str | None = None) -> str:
+    """Send one message (with an ``idempotency-key`` attribute if ``key``); its id."""
+    sqs = client("sqs", env)
+    attributes = {"idempotency-key": {"DataType": "String", "StringValue": key}} if key else {}
+    return str(
+        sqs.send_message(
+            QueueUrl=sqs.get_queue_url(QueueName=queue)["QueueUrl"],
+            MessageBody=body,
+            MessageAttributes=attributes,
+        )["MessageId"]
+    )
+
+
+def depth(env: dict[str, str], queue: str) -> int:
+    """Messages visible, in flight and delayed (moto's counts are exact)."""
+    sqs = client("sqs", env)
+    url = sqs.get_queue_url(QueueName=queue)["QueueUrl"]
+    names = ["", "NotVisible", "Delayed"]
+    counts = sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=[f"ApproximateNumberOfMessages{n}" for n in names]
+    )["Attributes"]
+    return sum(int(count) for count in counts.values())
+
+
+@dataclass(frozen=True)
+class Ran:
+    code: int
+    stderr: str
+
+    def events(self, event: str) -> list[dict[str, Any]]:
+        """The worker's JSON log lines (JSON, as stderr is not a terminal) of one event."""
+        lines = [json.loads(line) for line in self.stderr.splitlines() if line.startswith("{")]
+        return [line for line in lines if line["event"] == event]
+
+
+def run_worker(command: str, env: dict[str, str], cwd: Path, queue: str) -> Ran:
+    """Run one documented `sqsworker run` line, as written, until ``queue`` has drained.
+
+    A line with --burst stops by itself. One without runs until SIGTERM, which it gets
+    once the queue is empty, as a terminal's Ctrl-C or a rollout would send it: to the
+    line's process group (bash runs a single command with exec, so SIGTERM reaches
+    sqsworker itself, and the exit code is sqsworker's).
+    """
+    with subprocess.Popen(
+        ["bash", "-c", command],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as worker:
+        try:
+            wait_until(
+                lambda: worker.poll() is not None or depth(env, queue) == 0,
+                timeout=60,
+                what=f"{command.strip()!r} to drain {queue}",
+            )
+            if "--burst" not in command:
+                os.killpg(worker.pid, signal.SIGTERM)
+            _, stderr = worker.communicate(timeout=60)
+        finally:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+    return Ran(worker.returncode, stderr)
+
+
+def test_the_first_handler_runs_with_each_command(tmp_path: Path) -> None:
+    """README, "Write a handler": app.py as written; each of the three command lines as
+    written gets an order of its own, handles it, and exits 0."""
+    (tmp_path / "app.py").write_text(snippet("README.md", "# app.py").text)
+    lines = snippet("README.md", "sqsworker run app:process --burst").text.splitlines()
+    assert len(lines) == 3
+    with local("--queue", "orders") as exports:
+        env = shell_env(exports)
+        for number, line in enumerate(lines, 1):
+            send(env, "orders", json.dumps({"id": number}))
+            ran = run_worker(line, env, tmp_path, "orders")
+            assert ran.code == 0, ran.stderr
+            (started,) = ran.events("worker started")
+            assert started["concurrency"] == (32 if "SQSWORKER_CONCURRENCY=32" in line else 16)
+            assert [logged["order"] for logged in ran.events("order received")] == [number]
+            assert len(ran.events("message processed")) == 1
+        assert depth(env, "orders") + depth(env, "orders-dlq") == 0
+
+
+def test_a_handlers_log_line_is_the_one_the_page_shows(tmp_path: Path) -> None:
+    """docs/observability.md: the handler as written logs the JSON line the page shows,
+    with the message's own fields (only the id and the time differ)."""
+    (tmp_path / "app.py").write_text(snippet("docs/observability.md", "def process(").text)
+    shown = json.loads(snippet("docs/observability.md", '"event": "charging the card"').text)
+    with local("--queue", "orders") as exports:
+        env = shell_env(exports)
+        message_id = send(env, "orders", '{"id": 1}')
+        # The page gives no command for this handler: the README's `--burst` line.
+        ran = run_worker("sqsworker run app:process --burst", env, tmp_path, "orders")
+    assert ran.code == 0, ran.stderr
+    (logged,) = ran.events("charging the card")
+    assert logged.keys() == shown.keys()
+    assert logged["message_id"] == message_id
+    varying = ("message_id", "timestamp")
+    assert {k: v for k, v in logged.items() if k not in varying} == {
+        k: v for k, v in shown.items() if k not in varying
+    }
+
+
+def test_a_key_from_the_body_suppresses_the_second_payment(tmp_path: Path) -> None:
+    """docs/idempotency.md, "Keys": the handler whose key is the body's payment_id, run
+    by the page's first command, gets one payment twice: it runs once, and the copy is
+    deleted unrun."""
+    (tmp_path / "app.py").write_text(snippet("docs/idempotency.md", "idempotency_key=lambda").text)
+    command = snippet("docs/idempotency.md", "sqsworker run app:charge").text
+    with local("--queue", "payments") as exports:
+        env = shell_env(exports)
+        summaries = []
+        # One copy per run: a copy received beside its original would wait for the
+        # original's claim to end (up to the visibility timeout, 30 s) to be looked at.
+        for _ in range(2):
+            send(env, "payments", '{"payment_id": "p-1"}')
+            ran = run_worker(command, env, tmp_path, "payments")
+            assert ran.code == 0, ran.stderr
+            summaries.append(ran.events("summary")[0])
+        assert depth(env, "payments") + depth(env, "payments-dlq") == 0
+    assert [(s["succeeded"], s["duplicates_suppressed"]) for s in summaries] == [(1, 0), (0, 1)]
+
+
+def test_the_transactional_handler_writes_each_payment_once(tmp_path: Path) -> None:
+    """docs/idempotency.md, "Exactly-once effects": the handler as written, run by the
+    page's first command, gets one payment twice under one idempotency-key attribute;
+    the ledger holds it once."""
+    (tmp_path / "app.py").write_text(snippet("docs/idempotency.md", "message.transaction()").text)
+    command = snippet("docs/idempotency.md", "sqsworker run app:charge").text
+    # "The tables are yours: create them before the workers start." No primary key, so
+    # that a second run of the effect would show as a second row.
+    with closing(sqlite3.connect(tmp_path / "payments.db")) as db:
+        db.execute("CREATE TABLE ledger (payment_id TEXT, amount INTEGER)")
+    with local("--queue", "payments") as exports:
+        env = shell_env(exports)
+        for _ in range(2):  # one copy per run, as above
+            send(env, "payments", '{"id": "p-1", "amount": 1250}', key="p-1")
+            ran = run_worker(command, env, tmp_path, "payments")
+            assert ran.code == 0, ran.stderr
+        assert depth(env, "payments") + depth(env, "payments-dlq") == 0
+    with closing(sqlite3.connect(tmp_path / "payments.db")) as db:
+        assert db.execute("SELECT payment_id, amount FROM ledger").fetchall() == [("p-1", 1250)]
+
+
+def test_create_store_makes_the_table_the_page_describes() -> None:
+    """docs/idempotency.md: `create-store` as written, against moto's server, which
+    serves DynamoDB too; the table is the one the page describes."""
+    command = snippet("docs/idempotency.md", "sqsworker create-store").text
+    with local("--queue", "orders") as exports:  # a queue for `local` to report; none needed
+        env = shell_env(exports)
+        done = subprocess.run(
+            ["bash", "-e", "-c", command], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert "the idempotency store dynamodb://orders-idempotency is ready" in done.stdout
+        dynamodb = client("dynamodb", env, region="eu-west-1")
+        table = dynamodb.describe_table(TableName="orders-idempotency")["Table"]
+        ttl = dynamodb.describe_time_to_live(TableName="orders-idempotency")
+    assert table["KeySchema"] == [{"AttributeName": "key", "KeyType": "HASH"}]
+    assert table["AttributeDefinitions"] == [{"AttributeName": "key", "AttributeType": "S"}]
+    assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    assert ttl["TimeToLiveDescription"] == {"AttributeName": "ttl", "TimeToLiveStatus": "ENABLED"}
+
+
+def test_a_bad_value_is_refused_with_the_sentence_the_page_shows() -> None:
+    """docs/configuration.md shows what a visibility timeout of 50000 gets: exactly that."""
+    shown = snippet("docs/configuration.md", "sqsworker: error:").text
+    done = subprocess.run(
+        [BIN / "sqsworker", "run", "examples.orders:process", "--visibility-timeout", "50000"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (2, shown)
+
+
+def test_the_queues_table_is_the_one_the_page_shows() -> None:
+    """docs/operating.md shows `sqsworker queues` on a fresh `orders` holding 3 messages."""
+    shown = snippet("docs/operating.md", "dead-letter queue  in DLQ").text
+    with local("--queue", "orders") as exports:
+        env = shell_env(exports)
+        for number in range(3):
+            send(env, "orders", json.dumps({"id": number}))
+        done = subprocess.run(
+            ["sqsworker", "queues"], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(shown), done.stdout  # then a note on SQS's counts
+
+
+def test_the_helm_install_values_render() -> None:
+    """docs/deployment.md's `helm install` needs a cluster: the same command with `helm
+    template` renders the chart with its values as written (values.schema.json refuses a
+    misspelt key or a bad value), and the worker gets them."""
+    block = snippet("docs/deployment.md", "helm install").text
+    command = block.replace("helm install", f"{BIN}/helm template", 1)
+    done = subprocess.run(
+        ["bash", "-e", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    rendered = {doc["kind"]: doc for doc in yaml.safe_load_all(done.stdout) if doc}
+    (container,) = rendered["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "123456789012.dkr.ecr.eu-west-1.amazonaws.com/orders-worker:1.4.2"
+    assert container["args"] == ["run", "app.handlers:process"]
+    variables = {v["name"]: v.get("value") for v in container["env"]}
+    assert variables["SQSWORKER_QUEUE"] == "https://sqs.eu-west-1.amazonaws.com/123456789012/orders"
+    assert variables["SQSWORKER_REGION"] == "eu-west-1"
+    assert rendered["ServiceAccount"]["metadata"]["annotations"] == {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/orders-worker"
+    }
+
+
+def test_the_spark_install_line_names_the_spark_extra() -> None:
+    """docs/spark.md's `pip install` needs a package index: the extra it names must
+    exist, and hold what its comment says."""
+    command, _, comment = snippet("docs/spark.md", "pip install").text.partition("#")
+    assert shlex.split(command) == ["pip", "install", "sqsworker[spark]"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extra = pyproject["project"]["optional-dependencies"]["spark"]
+    pins = {re.split(r"[=<>]", r, maxsplit=1)[0]: r for r in extra}
+    # the comment: "pyspark 4.3.0, pyarrow, pandas < 3"
+    assert list(pins) == re.findall(r"[a-z]+", comment)
+    assert pins["pyspark"] == "pyspark==" + re.findall(r"pyspark ([\d.]+)", comment)[0]
+    assert pins["pandas"].endswith("<" + re.findall(r"pandas < (\d+)", comment)[0])
