@@ -245,7 +245,7 @@ def _local_problem(args: argparse.Namespace) -> str | None:
 
 
 def create_store(url: str, region: str | None) -> int:
-    from .stores import open_store
+    from .stores import open_store, shown
 
     try:
         open_store(url, region=region, create=True).close()
@@ -255,7 +255,7 @@ def create_store(url: str, region: str | None) -> int:
     except StartupError as exc:
         fail(str(exc))
         return EXIT_STARTUP
-    print(f"sqsworker: the idempotency store {url} is ready")
+    print(f"sqsworker: the idempotency store {shown(url)} is ready")
     return 0
 
 

@@ -88,7 +88,7 @@ class Claim:
         if not isinstance(store, TransactionalStore):
             raise RuntimeError(
                 f"message.transaction() needs a SQL idempotency store, and {store.url} is not "
-                "one: run with --idempotency-store sqlite:///PATH.db"
+                "one: run with --idempotency-store sqlite:///PATH.db or postgresql://..."
             )
         if self.committed:
             raise RuntimeError("message.transaction() commits once per message; it already did")
@@ -123,7 +123,11 @@ class Idempotency:
         """The store ``config`` names. Raises ``StartupError`` when it cannot be used."""
         assert config.idempotency_store is not None
         # DynamoDB's endpoint is boto3's (AWS_ENDPOINT_URL_DYNAMODB) or the URL's ?endpoint=.
-        store = open_store(config.idempotency_store, region=config.region)
+        # A pooled store (PostgreSQL) needs a connection per handler thread inside
+        # message.transaction(), and a few for claims and renewals beside them.
+        store = open_store(
+            config.idempotency_store, region=config.region, connections=config.concurrency + 2
+        )
         return cls(
             store,
             config.idempotency_key,

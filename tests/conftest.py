@@ -13,6 +13,8 @@ from sqsworker.clock import FakeClock
 from sqsworker.local import LocalSQS
 from sqsworker.transports.memory import MemorySQS
 
+from .postgres import PostgresServer
+
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
     """Wait on state: return once ``predicate()`` holds; fail the test after ``timeout``."""
@@ -36,6 +38,17 @@ def http_get(url: str) -> tuple[int, str]:
 
 def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session (tests/postgres.py); each test names a
+    table of its own (``postgres.url_for(unique(...))``)."""
+    server = PostgresServer()
+    try:
+        yield server.start()
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,10 @@
   number of threads and processes; handlers can commit their own writes and the
   completion record in one transaction (``message.transaction()``);
 - ``dynamodb://table``: shared by every worker on AWS (``?region=`` and
-  ``?endpoint=`` override boto3's defaults).
+  ``?endpoint=`` override boto3's defaults);
+- ``postgresql://user@host:port/db?table=NAME``: shared by every worker that
+  reaches the database; handlers can commit their writes with the completion
+  record, as with SQLite (``stores/postgres.py``).
 
 A record is IN_PROGRESS (an owner holds a lease on it until ``expires_at``) or
 COMPLETED (until ``expires_at``, the end of its time to live). A record past its
@@ -25,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StartupError
 
-SCHEMES = ("memory", "sqlite", "dynamodb")
+SCHEMES = ("memory", "sqlite", "dynamodb", "postgresql", "postgres")
 # Seconds any store call may take, retries included: each store bounds its calls by
 # this (client timeouts), so that a claim's renewal, sent with 3/4 of the claim
 # margin left, always ends before the claim could lapse (see idempotency.py).
@@ -106,16 +109,21 @@ OPTIONS: dict[str, set[str]] = {
     "sqlite": {"timeout", "synchronous"},
     "dynamodb": {"region", "endpoint"},
 }
+# Besides these, a PostgreSQL URL's parameters are libpq's (sslmode, ...): libpq checks them.
+POSTGRES_OPTIONS = {"table", "pool"}
 
 
 def parse_url(url: str) -> StoreURL:
     """Check a store URL's shape without touching the store."""
     parts = urlsplit(url.strip())
-    hint = "use memory://, sqlite:///PATH.db or dynamodb://TABLE"
+    hint = "use memory://, sqlite:///PATH.db, dynamodb://TABLE or postgresql://HOST/DB"
     if parts.scheme not in SCHEMES or "://" not in url:
-        raise ConfigError(f"{url!r} is not an idempotency store URL: {hint}", field="store")
+        raise ConfigError(f"{shown(url)!r} is not an idempotency store URL: {hint}", field="store")
     query = parse_qs(parts.query, keep_blank_values=True)
     options = {k: v[-1] for k, v in query.items()}
+    if parts.scheme in ("postgresql", "postgres"):
+        ours = {k: v for k, v in options.items() if k in POSTGRES_OPTIONS}
+        return StoreURL(url.strip(), "postgresql", parts.netloc + parts.path, ours)
     unknown = sorted(set(options) - OPTIONS[parts.scheme])
     if unknown:
         allowed = ", ".join(sorted(OPTIONS[parts.scheme])) or "none"
@@ -152,14 +160,28 @@ def parse_url(url: str) -> StoreURL:
     return StoreURL(url, "dynamodb", table, options)
 
 
+def shown(url: str) -> str:
+    """A URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
+
+
 def _valid_table(name: str) -> bool:
     return 3 <= len(name) <= 255 and all(c.isalnum() or c in "_-." for c in name)
 
 
 def open_store(
-    url: str, *, region: str | None = None, endpoint_url: str | None = None, create: bool = False
+    url: str,
+    *,
+    region: str | None = None,
+    endpoint_url: str | None = None,
+    create: bool = False,
+    connections: int = 10,
 ) -> Store:
-    """Open (and check) the store ``url`` names; ``create`` makes its table first."""
+    """Open (and check) the store ``url`` names; ``create`` makes its table first.
+    ``connections``: how many a pooled store may open (a PostgreSQL URL's ?pool= wins)."""
     parsed = parse_url(url)
     if parsed.scheme == "memory":
         from .memory import MemoryStore
@@ -169,6 +191,14 @@ def open_store(
         from .sqlite import SQLiteStore
 
         return SQLiteStore.open(parsed)
+    if parsed.scheme == "postgresql":
+        try:
+            from .postgres import PostgresStore
+        except ImportError:
+            raise StartupError(
+                f"{shown(url)} needs psycopg: pip install 'sqsworker[postgres]'"
+            ) from None
+        return PostgresStore.open(parsed, create=create, pool_size=connections)
     from .dynamodb import DynamoDBStore
 
     return DynamoDBStore.open(parsed, region=region, endpoint_url=endpoint_url, create=create)

@@ -1,4 +1,5 @@
-"""One contract, three idempotency stores: memory, SQLite, and DynamoDB on moto's server.
+"""One contract, four idempotency stores: memory, SQLite, DynamoDB on moto's server, and
+PostgreSQL on a real server.
 
 What a store promises (``sqsworker/stores/__init__.py``): one claim per live key,
 leases that only their owner can move, completion that never overwrites another
@@ -17,17 +18,24 @@ from sqsworker.local import LocalSQS
 from sqsworker.stores import Lease, State, Store, open_store
 
 from ..conftest import unique
+from ..postgres import PostgresServer
 
 NOW = 1_700_000_000.0
 
 
-@pytest.fixture(params=["memory", "sqlite", "dynamodb"])
+@pytest.fixture(params=["memory", "sqlite", "dynamodb", "postgresql"])
 def store(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     local_sqs: LocalSQS,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Store]:
+    if request.param == "postgresql":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        opened = open_store(server.url_for(unique("records").replace("-", "_")), create=True)
+        yield opened
+        opened.close()
+        return
     for key, value in local_sqs.env().items():  # credentials; the URL names the endpoint
         if not key.startswith("AWS_ENDPOINT_URL"):
             monkeypatch.setenv(key, value)

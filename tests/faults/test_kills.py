@@ -18,22 +18,26 @@ from sqsworker.transports import OutgoingMessage, send_all
 from ..conftest import wait_until
 from ..integration.scenario import Scenario
 from ..integration.test_idempotency import Effects, keyed, suppressed
+from ..integration.test_idempotency import effects as effects  # the fixture: SQLite, PostgreSQL
 
 pytestmark = pytest.mark.integration
 
 
 def test_random_kills_lose_nothing_and_repeat_no_effect(
-    scenario: Scenario, tmp_path: Path, soak: bool, report: Callable[[str], None]
+    scenario: Scenario,
+    tmp_path: Path,
+    effects: Effects,
+    soak: bool,
+    report: Callable[[str], None],
 ) -> None:
     normal, poison, chaos_seconds = (1500, 20, 90.0) if soak else (300, 6, 12.0)
-    effects = Effects(tmp_path / "app.db")
     options = [
         "--visibility-timeout",
         "3",
         "--concurrency",
         "4",
         "--idempotency-store",
-        f"sqlite:///{effects.path}",
+        effects.store,
         "--log-format",
         "json",
     ]
@@ -62,7 +66,7 @@ def test_random_kills_lose_nothing_and_repeat_no_effect(
         workers[workers.index(victim)] = start()
 
     wait_until(
-        lambda: scenario.queue.counts().total == 0,
+        scenario.drained,
         timeout=900 if soak else 180,
         what="the survivors to drain",
     )
@@ -98,7 +102,8 @@ def test_random_kills_lose_nothing_and_repeat_no_effect(
         and json.loads(line).get("receive_count", 1) > 1
     )
     report(
-        f"SIGKILL chaos: {kills} kills in {chaos_seconds:.0f} s, 3 workers; {normal} messages "
+        f"SIGKILL chaos ({effects.store.split(':')[0]}): {kills} kills in "
+        f"{chaos_seconds:.0f} s, 3 workers; {normal} messages "
         f"processed once each (0 lost, 0 effects twice), {redelivered} run again after a kill, "
         f"{sum(suppressed(scenario.logs()).values())} duplicates suppressed; "
         f"{len(sources)} of {poison} poison messages in the DLQ "

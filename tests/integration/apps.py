@@ -6,7 +6,7 @@ RECEIVE PID" and "done KIND ID RECEIVE PID". The body's "sleep" is seconds to
 take; kind "fail" always raises, "fail_once" raises on the first receive.
 
 ``pay``: a transactional handler. It inserts one row per run into the table
-``effects`` of the idempotency store's own SQLite database, inside
+``effects`` of the idempotency store's own database (SQLite or PostgreSQL), inside
 ``message.transaction()``. A body with ``"hold": true`` then waits, after the
 commit and before returning, until the file ``$HOLD_DIR/<key>.release`` exists,
 so a test can stop or kill the process between the effect and the delete.
@@ -46,8 +46,9 @@ def work(message: sqsworker.Message) -> None:
 def pay(message: sqsworker.Message) -> None:
     body = message.json()
     with message.transaction() as db:
+        mark = "%s" if type(db).__module__.endswith("postgres") else "?"  # psycopg's, sqlite3's
         db.execute(
-            "INSERT INTO effects (key, pid, receive_count) VALUES (?, ?, ?)",
+            f"INSERT INTO effects (key, pid, receive_count) VALUES ({mark}, {mark}, {mark})",
             (message.idempotency_key, os.getpid(), message.receive_count),
         )
     if body.get("hold"):

@@ -1,8 +1,9 @@
 """Idempotency keys in real `sqsworker run` processes on moto's server.
 
-The acceptance run: two workers share one SQLite store, and their handler commits
-its effect and the key's completion in one transaction. Duplicates are made
-three ways; each key's effect must be in the ledger exactly once.
+The acceptance run: two workers share one store (SQLite, or PostgreSQL on a real
+server), and their handler commits its effect and the key's completion in one
+transaction. Duplicates are made three ways; each key's effect must be in the
+ledger exactly once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 from sqsworker.transports import OutgoingMessage, send_all
 
 from ..conftest import unique, wait_until
+from ..postgres import PASSWORD, PostgresServer
 from .scenario import Scenario, run_to_exit
 
 pytestmark = pytest.mark.integration
@@ -36,8 +38,22 @@ def keyed(key: str, **body: object) -> OutgoingMessage:
 class Effects:
     """The `effects` table the `pay` handler writes, in the store's own database."""
 
+    store: str  # the --idempotency-store URL
+
+    def rows(self) -> list[tuple[str, int, int]]:
+        raise NotImplementedError
+
+    def per_key(self) -> Counter[str]:
+        return Counter(key for key, _, _ in self.rows())
+
+    def pid_of(self, key: str) -> int:
+        return next(pid for k, pid, _ in self.rows() if k == key)
+
+
+class SQLiteEffects(Effects):
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.store = f"sqlite:///{path}"
         with sqlite3.connect(path) as db:
             db.execute("CREATE TABLE effects (key TEXT, pid INTEGER, receive_count INTEGER)")
         db.close()
@@ -49,11 +65,35 @@ class Effects:
         finally:
             db.close()
 
-    def per_key(self) -> Counter[str]:
-        return Counter(key for key, _, _ in self.rows())
 
-    def pid_of(self, key: str) -> int:
-        return next(pid for k, pid, _ in self.rows() if k == key)
+class PostgresEffects(Effects):
+    def __init__(self, server: PostgresServer) -> None:
+        self.server = server
+        table = unique("keys").replace("-", "_")
+        self.store = server.url_for(table)
+        server.sql("DROP TABLE IF EXISTS effects")
+        server.sql("CREATE TABLE effects (key text, pid integer, receive_count integer)")
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "sqsworker"), "create-store", self.store],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert PASSWORD not in done.stdout + done.stderr  # credentials never shown
+
+    def rows(self) -> list[tuple[str, int, int]]:
+        return [
+            (str(key), int(pid), int(count))  # type: ignore[call-overload]
+            for key, pid, count in self.server.sql("SELECT key, pid, receive_count FROM effects")
+        ]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def effects(request: pytest.FixtureRequest, tmp_path: Path) -> Effects:
+    if request.param == "sqlite":
+        return SQLiteEffects(tmp_path / "app.db")
+    return PostgresEffects(request.getfixturevalue("postgres"))
 
 
 def suppressed(logs: str) -> Counter[str]:
@@ -65,17 +105,16 @@ def suppressed(logs: str) -> Counter[str]:
     )
 
 
-def test_two_workers_sharing_a_sqlite_store_make_each_effect_once(
-    scenario: Scenario, tmp_path: Path
+def test_two_workers_sharing_a_store_make_each_effect_once(
+    scenario: Scenario, tmp_path: Path, effects: Effects
 ) -> None:
-    effects = Effects(tmp_path / "app.db")
     options = [
         "--visibility-timeout",
         "4",
         "--concurrency",
         "4",
         "--idempotency-store",
-        f"sqlite:///{effects.path}",
+        effects.store,
         "--log-format",
         "json",
     ]
@@ -83,8 +122,7 @@ def test_two_workers_sharing_a_sqlite_store_make_each_effect_once(
     def worker() -> subprocess.Popen[bytes]:
         return scenario.worker(*options, handler="pay")
 
-    def drained() -> bool:
-        return scenario.queue.counts().total == 0
+    drained = scenario.drained
 
     workers = [worker(), worker()]
     expected: list[str] = []
