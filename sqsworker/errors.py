@@ -63,8 +63,9 @@ class StoreError(SQSWorkerError):
 class Retry(Exception):
     """Raise from a handler to return the message to the queue after ``delay`` seconds.
 
-    The attempt counts as failed (the receive count grows, so a redrive policy still
-    applies), but the worker uses this delay instead of its backoff policy.
+    The attempt uses up a receive (the receive count grows, so a redrive policy still
+    applies), and the worker uses this delay instead of its backoff policy. It is
+    reported as a retry requested, not as a handler failure.
     """
 
     def __init__(self, delay: float, reason: str = "") -> None:

@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .lanes import HANDED_BACK_BEHIND
+
 if TYPE_CHECKING:
     from .config import WorkerConfig
     from .errors import Retry, TransportError
@@ -54,6 +56,12 @@ class Observer:
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
     ) -> None:
         """Non-retryable failure: moved to ``dead_letter``, or kept when there is none."""
+
+    def rejected_copy_failed(
+        self, message: Message, error: BaseException, duration: float, retry_in: float
+    ) -> None:
+        """Rejected, but its copy to the dead-letter queue failed: it comes back in
+        ``retry_in`` seconds and is rejected again."""
 
     def handler_skipped(self, message: Message, reason: str) -> None:
         """A held message was not run (its lease was lost while it waited)."""
@@ -181,6 +189,11 @@ class Tally(Observer):
         if dead_letter:
             self._add("dead_lettered")
 
+    def rejected_copy_failed(
+        self, message: Message, error: BaseException, duration: float, retry_in: float
+    ) -> None:
+        self._add("rejected")
+
     def handler_skipped(self, message: Message, reason: str) -> None:
         self._add("skipped")
 
@@ -197,6 +210,8 @@ class Tally(Observer):
         self._add("returned", len(messages))
         if reason == "shutdown":
             self._add("handed_back", len(messages))
+        elif reason == HANDED_BACK_BEHIND:
+            self._add("fifo_handed_back", len(messages))
 
     def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:
         self._add("lease_extensions", len(messages))

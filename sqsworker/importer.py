@@ -65,6 +65,8 @@ def _raised_inside(module_name: str, exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     user_frames = [f for f in frames if "importlib" not in f.filename]
     where = f" at {user_frames[-1].filename}:{user_frames[-1].lineno}" if user_frames else ""
+    if isinstance(exc, SyntaxError):  # raised by the compiler: no frame of the file itself
+        where = ""  # its message names the file and the line
     return (
         f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}{where}; "
         "the module was found, so fix the error inside it"

@@ -508,7 +508,7 @@ class LeaseKeeper:
         for op in done:
             if op.action != "delete":
                 continue
-            if op.held.lost:
+            if op.held.state is State.LOST:  # not a hand-back the delete overtook
                 self.observer.deleted_after_lease_lost(op.held.message)
             else:
                 confirmed.append(op.held.message)

@@ -46,7 +46,11 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         shared.append(structlog.processors.format_exc_info)
         renderer = structlog.processors.JSONRenderer()
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        # No local variables in tracebacks: they hold message bodies (--log-bodies).
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(),
+            exception_formatter=structlog.dev.RichTracebackFormatter(show_locals=False),
+        )
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(
@@ -78,6 +82,7 @@ def summary(counts: Mapping[str, int]) -> None:
         failed=counts.get("failed", 0),
         retry_requested=counts.get("retry_requested", 0),
         rejected=counts.get("rejected", 0),
+        fifo_handed_back=counts.get("fifo_handed_back", 0),
         dead_lettered=counts.get("dead_lettered", 0),
         skipped=counts.get("skipped", 0),
         leases_extended=counts.get("lease_extensions", 0),
@@ -172,7 +177,8 @@ class LogObserver(Observer):
         log = self._for(message, with_body=True)
         # A Reject is the handler's decision, said in its message; an exception of
         # --non-retryable is a fault like any other, and its traceback shows where.
-        trace = None if isinstance(error, Reject) else error
+        # A Reject wrapping a cause (a key function that raised) keeps the cause's trace.
+        trace = error if not isinstance(error, Reject) or error.__cause__ else None
         if dead_letter:
             log.error(
                 "handler rejected the message; moved to the dead-letter queue",
@@ -187,6 +193,16 @@ class LogObserver(Observer):
                 error=_error(error),
                 exc_info=trace,
             )
+
+    def rejected_copy_failed(
+        self, message: Message, error: BaseException, duration: float, retry_in: float
+    ) -> None:
+        self._for(message, with_body=True).error(
+            "handler rejected the message, but its copy to the dead-letter queue failed; "
+            "it comes back after the backoff and is rejected again",
+            error=_error(error),
+            retry_in=round(retry_in, 1),
+        )
 
     def handler_skipped(self, message: Message, reason: str) -> None:
         self._for(message).warning("message not run", reason=reason)
@@ -239,6 +255,8 @@ class LogObserver(Observer):
         )
 
     def key_conflict(self, message: Message, outcome: str) -> None:
+        if outcome == "reject":
+            return  # the rejection's own line says it (KeyConflict), once
         self._for(message, with_body=True).error(
             "idempotency key conflict: the key was used before with another body",
             outcome="rejected" if outcome == "reject" else "suppressed",

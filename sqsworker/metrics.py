@@ -21,6 +21,7 @@ from . import __version__
 from .clock import Clock, SystemClock
 from .config import MAX_VISIBILITY
 from .events import Observer
+from .lanes import HANDED_BACK_BEHIND
 
 if TYPE_CHECKING:
     from .errors import Retry, TransportError
@@ -111,6 +112,16 @@ class Metrics(Observer):
         self.handed_back = counter(
             "sqsworker_messages_handed_back", "Messages made visible again at shutdown."
         )
+        self.fifo_handed_back = counter(
+            "sqsworker_fifo_messages_handed_back",
+            "FIFO messages handed back unstarted because an earlier message of their group "
+            "failed: they come back behind it.",
+        )
+        self.deletes_after_lease_lost = counter(
+            "sqsworker_deletes_after_lease_lost",
+            "Deletes SQS accepted with the receipt handle of a lease lost before: the "
+            "message may have been delivered again meanwhile.",
+        )
         self.empty_receives = counter(
             "sqsworker_empty_receives", "Receives that returned no message."
         )
@@ -123,8 +134,8 @@ class Metrics(Observer):
         )
         self.duplicates_deferred = counter(
             "sqsworker_duplicates_deferred",
-            "Messages whose key was in progress under another claim: returned to be looked "
-            "at again.",
+            "Messages whose key was in progress under another claim: held, and looked at "
+            "again when that claim ends.",
         )
         self.key_conflicts = counter(
             "sqsworker_key_conflicts",
@@ -178,6 +189,8 @@ class Metrics(Observer):
         self._lost = self.leases_lost.labels(**bound)
         self._near_cap = self.near_cap.labels(**bound)
         self._handed_back = self.handed_back.labels(**bound)
+        self._fifo_handed_back = self.fifo_handed_back.labels(**bound)
+        self._late_deletes = self.deletes_after_lease_lost.labels(**bound)
         self._empty = self.empty_receives.labels(**bound)
         self._receive_failures = self.receive_failures.labels(**bound)
         self._age = self.age.labels(**bound)
@@ -257,6 +270,17 @@ class Metrics(Observer):
     def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
         if reason == "shutdown":
             self._handed_back.inc(len(messages))
+        elif reason == HANDED_BACK_BEHIND:
+            self._fifo_handed_back.inc(len(messages))
+
+    def deleted_after_lease_lost(self, message: Message) -> None:
+        self._late_deletes.inc()
+
+    def rejected_copy_failed(
+        self, message: Message, error: BaseException, duration: float, retry_in: float
+    ) -> None:
+        self.messages_rejected.labels(**self.labels, exception=type(error).__name__).inc()
+        self.duration.labels(**self.labels, outcome="rejected").observe(duration)
 
     def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:
         self._extensions.inc(len(messages))

@@ -542,7 +542,9 @@ class Worker:
             send_all(dlq, [_dead_letter_copy(message, exc)])
         except (TransportError, StartupError) as error:
             self.observer.request_failed("SendMessageBatch", _as_transport_error(error))
-            self._fail(held, exc, started, delay=None)
+            retry_in = self.backoff.delay(message.receive_count)
+            self.keeper.release(held, retry_in, "retry")
+            self.observer.rejected_copy_failed(message, exc, duration, retry_in)
             return
         # At once: until this delete, a crash leaves the original to be copied again.
         self.keeper.succeed(held, urgent=True)

@@ -488,6 +488,16 @@ class Recorder(Observer):
     ) -> None:
         self._trouble(message, "failed")
 
+    def handler_retry_requested(
+        self, message: Message, request: Retry, duration: float, retry_in: float, last: bool
+    ) -> None:
+        self._trouble(message, "retry requested")
+
+    def rejected_copy_failed(
+        self, message: Message, error: BaseException, duration: float, retry_in: float
+    ) -> None:
+        self._trouble(message, "rejected, not moved")
+
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
     ) -> None:

@@ -7,22 +7,22 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import pytest
 import structlog
 
 from sqsworker import Message, Reject, Retry
 from sqsworker.clock import FakeClock
 from sqsworker.errors import TransportError
-from sqsworker.logs import LogObserver, configure, summary
+from sqsworker.logs import LogObserver, summary
 from sqsworker.metrics import Metrics
 from sqsworker.telemetry import TelemetryServer
 from sqsworker.transports import BatchResult, Envelope
 from sqsworker.transports.memory import MemorySQS, MemoryTransport
 
 from ..conftest import http_get, wait_until
+from .conftest import sample
 from .helpers import Gate, Rig
 
 
@@ -52,21 +52,9 @@ class Stallable(MemoryTransport):
         return super().change_visibility_batch(entries)
 
 
-@pytest.fixture
-def metrics(clock: FakeClock) -> Metrics:
-    return Metrics("jobs", "tests.handler", clock=clock)
-
-
 def serve(rig: Rig, metrics: Metrics) -> TelemetryServer:
     metrics.watch(rig.worker)
     return TelemetryServer(metrics.registry, rig.worker.health, "127.0.0.1", 0).start()
-
-
-def sample(metrics: Metrics, name: str, **labels: str) -> float:
-    value = metrics.registry.get_sample_value(
-        name, {"queue": "jobs", "handler": "tests.handler", **labels}
-    )
-    return 0.0 if value is None else value
 
 
 def test_counters_match_what_happened(
@@ -211,16 +199,6 @@ def test_readyz_before_start_while_running_and_during_shutdown(
     finally:
         gate.release.set()
         server.stop()
-
-
-@pytest.fixture
-def json_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    monkeypatch.setattr("sys.stderr", stream)
-    configure("info", "json")
-    yield stream
-    structlog.reset_defaults()
-    logging.getLogger().handlers = []
 
 
 def test_json_logs_carry_message_fields_and_never_the_body(

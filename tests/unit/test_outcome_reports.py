@@ -1,0 +1,229 @@
+"""Each outcome reported once, under its own name, on paths off the main road (found by
+review: a rejection whose dead-letter copy fails, a key conflict, a key function that
+raises, FIFO messages handed back behind their head, a delete after a lost lease, a
+handler finishing as it is handed back)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from sqsworker import Backoff, Message, Reject, Worker, WorkerConfig
+from sqsworker.clock import FakeClock
+from sqsworker.errors import ImportStringError, TransportError
+from sqsworker.events import Observers, Tally
+from sqsworker.importer import import_from_string
+from sqsworker.lease import Held, State
+from sqsworker.logs import LogObserver, configure
+from sqsworker.metrics import Metrics
+from sqsworker.stores.memory import MemoryStore
+from sqsworker.transports import OutgoingMessage, send_all
+from sqsworker.transports.memory import MemorySQS
+
+from ..conftest import wait_until
+from .conftest import sample
+from .helpers import Gate, Rig
+
+
+def lines(json_logs: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in json_logs.getvalue().splitlines()]
+
+
+def unavailable() -> TransportError:
+    return TransportError("ServiceUnavailable", code="ServiceUnavailable", retryable=True)
+
+
+def test_a_rejection_whose_dead_letter_copy_fails_is_a_rejection_not_an_error(
+    memory: MemorySQS, clock: FakeClock, metrics: Metrics, json_logs: io.StringIO
+) -> None:
+    def handler(message: Message) -> None:
+        raise Reject("card declined")
+
+    rig = Rig(memory, clock, handler, observers=[metrics, LogObserver("tests.handler")])
+    rig.send("x")
+    memory.inject_fault("SendMessageBatch", unavailable())
+    rig.worker.start()
+    rig.wait_for("rejected", 1)
+    rig.advance_until(lambda: rig.dlq is not None and rig.dlq.counts().total == 1)
+    assert rig.stop() == 0
+    assert rig.count("failed") == 0 and rig.count("rejected") == 2  # once per attempt
+    assert sample(metrics, "sqsworker_messages_failed_total", exception="Reject") == 0
+    assert sample(metrics, "sqsworker_messages_rejected_total", exception="Reject") == 2
+    [first] = [line for line in lines(json_logs) if "copy to the dead-letter" in line["event"]]
+    assert first["error"] == "Reject: card declined" and "exception" not in first
+
+
+def test_a_key_conflict_rejected_is_one_line(
+    memory: MemorySQS, clock: FakeClock, json_logs: io.StringIO
+) -> None:
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: None,
+        store=MemoryStore(),
+        concurrency=1,
+        on_key_conflict="reject",
+        observers=[LogObserver("tests.handler")],
+    )
+    key = {"idempotency-key": {"DataType": "String", "StringValue": "p-1"}}
+    send_all(rig.queue, [OutgoingMessage(b, message_attributes=key) for b in ("10", "99")])
+    rig.worker.start()
+    rig.wait_for("deleted", 2)
+    rig.stop()
+    errors = [
+        line
+        for line in lines(json_logs)
+        if line.get("idempotency_key") == "p-1" and line["level"] == "error"
+    ]
+    assert len(errors) == 1 and "KeyConflict" in errors[0]["error"]
+
+
+def order_key(message: Message) -> str:
+    return str(message.json()["order"].strip())  # a bug: "order" is a number here
+
+
+def test_a_key_function_that_raises_is_logged_with_its_traceback(
+    memory: MemorySQS, clock: FakeClock, json_logs: io.StringIO
+) -> None:
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: None,
+        store=MemoryStore(),
+        idempotency_key=order_key,
+        observers=[LogObserver("tests.handler")],
+    )
+    rig.send('{"order": 7}')
+    rig.worker.start()
+    rig.wait_for("rejected", 1)
+    rig.stop()
+    [line] = [line for line in lines(json_logs) if line["event"].startswith("handler rejected")]
+    assert "order_key" in line["exception"]
+
+
+def test_fifo_messages_handed_back_behind_their_head_are_counted(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    metrics = Metrics("jobs.fifo", "tests.handler", clock=clock)
+
+    def handle(message: Message) -> None:
+        if message.body == "1":
+            raise RuntimeError("the head fails")
+
+    memory.create_queue_with_dlq("jobs.fifo", 5)
+    tally = Tally()
+    worker = Worker(
+        handle,
+        WorkerConfig(queue="jobs.fifo", wait_time=0, delete_interval=0, concurrency=1),
+        transport=memory.transport("jobs.fifo"),
+        clock=clock,
+        observer=Observers([tally, metrics]),
+        backoff=Backoff(2.0, 900.0),
+    )
+    fifo = [OutgoingMessage(b, group_id="g", deduplication_id=b) for b in "123"]
+    send_all(memory.transport("jobs.fifo"), fifo)
+    worker.start()
+    wait_until(lambda: tally.counts["returned"] == 3)
+    worker.request_stop()
+    worker.shutdown()
+    assert tally.counts["fifo_handed_back"] == 2
+    labels = {"queue": "jobs.fifo", "handler": "tests.handler"}
+    name = "sqsworker_fifo_messages_handed_back_total"
+    assert metrics.registry.get_sample_value(name, labels) == 2
+
+
+def test_a_delete_after_a_lost_lease_is_counted(
+    memory: MemorySQS, clock: FakeClock, metrics: Metrics
+) -> None:
+    release = threading.Event()
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: release.wait(30),
+        observers=[metrics],
+        visibility_timeout=10,
+        concurrency=1,
+        prefetch=0,
+    )
+    memory.inject_fault("ChangeMessageVisibilityBatch", unavailable(), times=1000)
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("received", 1)
+    rig.advance_until(lambda: rig.count("leases_lost") == 1)
+    memory.transport("jobs").receive(1, 0, 30)  # another consumer takes it
+    release.set()
+    rig.wait_for("deleted_after_lease_lost", 1)
+    assert sample(metrics, "sqsworker_deletes_after_lease_lost_total") == 1
+    assert rig.count("deleted") == 0
+    rig.stop()
+
+
+def test_a_handler_finishing_as_it_is_handed_back_is_reported_deleted(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    gate = Gate()
+    rig = Rig(memory, clock, gate, concurrency=1, prefetch=0, shutdown_timeout=1)
+    rig.send("x")
+    rig.worker.start()
+    assert gate.started.wait(10)
+    keeper = rig.worker.keeper
+    assert keeper is not None
+    original = keeper.release
+
+    def release(held: Held, seconds: float, reason: str, urgent: bool = False) -> None:
+        if reason == "shutdown":  # hand_back() marked it; the handler returns right now
+            gate.release.set()
+            wait_until(lambda: held.state in (State.SETTLING, State.DONE))
+        original(held, seconds, reason, urgent)
+
+    keeper.release = release  # type: ignore[method-assign]  # forces the interleaving
+    rig.worker.request_stop()
+    stopping = threading.Thread(target=rig.worker.shutdown)
+    stopping.start()
+    wait_until(lambda: rig.worker._closing)
+    clock.advance(2)  # past --shutdown-timeout: the running message is handed back
+    stopping.join(10)
+    assert rig.queue.counts().total == 0  # SQS deleted it: the receipt handle was valid
+    assert rig.count("deleted") == 1 and rig.count("deleted_after_lease_lost") == 0
+
+
+def test_a_syntax_error_names_the_users_file_not_the_importer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "broken_syntax.py").write_text("def process(message)\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportStringError) as raised:
+        import_from_string("broken_syntax:process")
+    assert "broken_syntax.py, line 1" in str(raised.value)
+    assert "importer.py" not in str(raised.value)
+
+
+def test_console_tracebacks_show_no_local_variables(
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    configure("info", "console")
+    try:
+
+        def handler(message: Message) -> None:
+            card = message.json()["card"]  # a local holding the body's secret
+            raise ValueError(f"declined ({len(card)} digits)")
+
+        rig = Rig(memory, clock, handler, max_receive_count=1, observers=[LogObserver("h")])
+        rig.send(json.dumps({"card": "-".join(["4111", "SECRET"])}))  # not in this source
+        rig.worker.start()
+        rig.wait_for("failed", 1)  # its last attempt: logged with the traceback
+        rig.stop()
+    finally:
+        structlog.reset_defaults()
+        logging.getLogger().handlers = []
+    assert "Traceback" in stream.getvalue() and "declined (11 digits)" in stream.getvalue()
+    assert "4111-SECRET" not in stream.getvalue()
