@@ -224,3 +224,20 @@ def test_a_bad_or_unreachable_store_stops_the_worker_with_one_sentence(
     assert result.returncode == code, result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.startswith("sqsworker: error:")]
     assert sentence in line
+
+
+def test_an_unusable_postgresql_store_stops_the_worker_without_showing_its_password(
+    scenario: Scenario, postgres: PostgresServer
+) -> None:
+    env = {**os.environ, **scenario.server.env()}
+    for url, sentence in [
+        (postgres.url_for("no_such_table"), "create it once with `sqsworker create-store"),
+        (postgres.url.replace(PASSWORD, "wrong-pw"), "password authentication failed"),
+    ]:
+        result = run_to_exit(
+            scenario.name, env, "--idempotency-store", url, "--metrics-port", "off"
+        )
+        assert result.returncode == 1, result.stderr
+        [line] = [x for x in result.stderr.splitlines() if x.startswith("sqsworker: error:")]
+        assert sentence in line
+        assert PASSWORD not in result.stderr and "wrong-pw" not in result.stderr

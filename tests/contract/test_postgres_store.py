@@ -1,0 +1,173 @@
+"""What the PostgreSQL store adds to the store contract, against a real server:
+``message.transaction()``, ``create-store``, passwords never shown, expiry through the
+index, and a server that goes away and comes back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sqsworker import LeaseLost, Message
+from sqsworker.clock import FakeClock
+from sqsworker.errors import ConfigError, StartupError
+from sqsworker.stores import Lease, State, open_store
+from sqsworker.stores.postgres import PURGE_BATCH, PostgresStore
+from sqsworker.transports.memory import MemorySQS
+
+from ..conftest import unique
+from ..postgres import PASSWORD, PostgresServer
+from ..unit.helpers import Rig
+
+SQSWORKER = str(Path(sys.executable).parent / "sqsworker")
+
+
+@pytest.fixture
+def url(postgres: PostgresServer) -> Iterator[str]:
+    """A store of its own, its table created; and a `payments` table for the handler."""
+    table = unique("keys").replace("-", "_")
+    created = subprocess.run(
+        [SQSWORKER, "create-store", postgres.url_for(table)], capture_output=True, text=True
+    )
+    assert created.returncode == 0, created.stderr
+    assert "is ready" in created.stdout and PASSWORD not in created.stdout
+    postgres.sql("DROP TABLE IF EXISTS payments")
+    postgres.sql("CREATE TABLE payments (body text)")
+    yield postgres.url_for(table)
+
+
+def payments(postgres: PostgresServer) -> list[str]:
+    return [str(body) for (body,) in postgres.sql("SELECT body FROM payments ORDER BY body")]
+
+
+def test_a_transaction_whose_claim_passed_to_another_worker_rolls_back(
+    url: str, postgres: PostgresServer
+) -> None:
+    store = open_store(url)
+    assert isinstance(store, PostgresStore)
+    store.claim("k", "paused", "d", 1030.0, 1000.0)
+    store.claim("k", "other", "d", 1090.0, 1031.0)  # the first claim lapsed; another took it
+    with (
+        pytest.raises(LeaseLost, match="passed to another worker"),
+        store.transaction("k", "paused", 5000.0) as db,
+    ):
+        db.execute("INSERT INTO payments VALUES ('twice?')")
+    assert payments(postgres) == []
+    with store.transaction("k", "other", 5000.0) as db:
+        db.execute("INSERT INTO payments VALUES (%s)", ("once",))
+        with pytest.raises(RuntimeError, match="commits when its with-block ends"):
+            db.commit()
+    assert payments(postgres) == ["once"]
+    record = store.get("k")
+    assert record is not None and record.state is State.COMPLETED
+    assert store.renew([Lease("k", "other", 6000.0)]) == []  # its own completion: kept
+    assert store.renew([Lease("k", "paused", 6000.0)]) == ["k"]
+    store.close()
+
+
+@pytest.mark.parametrize("fails", ["after the block", "inside the block"])
+def test_a_transactional_effect_happens_once_whenever_the_handler_fails(
+    memory: MemorySQS, clock: FakeClock, url: str, postgres: PostgresServer, fails: str
+) -> None:
+    def pay(message: Message) -> None:
+        first = message.receive_count == 1
+        with message.transaction() as db:
+            db.execute("INSERT INTO payments VALUES (%s)", (message.body,))
+            if first and fails == "inside the block":
+                raise RuntimeError(fails)  # both roll back; the claim is released
+        if first:
+            raise RuntimeError(fails)  # after the commit: the retry finds the key completed
+
+    rig = Rig(memory, clock, pay, store=open_store(url))
+    rig.send("pay 10")
+    rig.worker.start()
+    rig.wait_for("returned", 1)
+    assert payments(postgres) == ([] if fails == "inside the block" else ["pay 10"])
+    rig.advance_until(lambda: rig.count("deleted") == 1)
+    assert payments(postgres) == ["pay 10"]
+    assert rig.count("duplicates_suppressed") == (fails == "after the block")
+    rig.stop()
+
+
+def test_the_server_going_away_sends_the_message_down_the_failure_path_and_nothing_is_lost(
+    memory: MemorySQS, clock: FakeClock, url: str, postgres: PostgresServer
+) -> None:
+    def pay(message: Message) -> None:
+        with message.transaction() as db:
+            db.execute("INSERT INTO payments VALUES (%s)", (message.body,))
+
+    rig = Rig(memory, clock, pay, store=open_store(url), concurrency=1)
+    rig.send("before")
+    rig.worker.start()
+    rig.wait_for("deleted", 1)
+    postgres.stop()  # every pooled connection is cut
+    try:
+        rig.send("during")
+        rig.advance_until(lambda: rig.count("received") == 2)
+        # The claim fails once the pool gives up on reconnecting (its wait, 10 s): the
+        # message takes the failure path, its backoff, and is kept.
+        rig.wait_for("store_failures", 1)
+        assert rig.count("deleted") == 1
+    finally:
+        postgres.start()
+    for _ in range(120):  # the backoff runs on the fake clock, the pool's reconnection on
+        if rig.count("deleted") == 2:  # the real one: move the first, wait on the second
+            break
+        clock.advance(5)
+        threading.Event().wait(0.25)
+    assert rig.count("deleted") == 2, dict(rig.tally.counts)
+    rig.send("after")
+    rig.advance_until(lambda: rig.count("deleted") == 3, limit=400)
+    assert payments(postgres) == ["after", "before", "during"]
+    assert rig.queue.counts().total == 0
+    rig.stop()
+
+
+def test_expired_records_are_purged_through_the_index(url: str, postgres: PostgresServer) -> None:
+    store = open_store(url)
+    assert isinstance(store, PostgresStore)
+    table = url.rsplit("table=", 1)[1]
+    postgres.sql(
+        f"INSERT INTO {table} SELECT 'old-' || i, 'completed', 'o', 'd', 10.0"
+        " FROM generate_series(1, 1500) AS i"
+    )
+    postgres.sql(  # a live table is mostly live records
+        f"INSERT INTO {table} SELECT 'live-' || i, 'completed', 'o', 'd', 1e12"
+        " FROM generate_series(1, 30000) AS i"
+    )
+    store.claim("fresh", "o", "d", 5000.0, 1000.0)  # the first claim purges one batch
+    left = postgres.sql(f"SELECT count(*) FROM {table} WHERE key LIKE 'old-%%'")
+    assert left == [(1500 - PURGE_BATCH,)]
+    postgres.sql(f"ANALYZE {table}")
+    plan = "\n".join(
+        str(row[0])
+        for row in postgres.sql(
+            f"EXPLAIN SELECT key FROM {table} WHERE expires_at <= 100"
+            " ORDER BY expires_at LIMIT 1000"
+        )
+    )
+    assert f"{table}_expires_at" in plan  # found through the index on expires_at
+    store.close()
+
+
+def test_a_store_that_cannot_be_used_is_refused_at_start_without_its_password(
+    postgres: PostgresServer,
+) -> None:
+    missing = postgres.url_for("no_such_table")
+    with pytest.raises(StartupError, match="create it once with `sqsworker create-store") as e:
+        open_store(missing)
+    assert PASSWORD not in str(e.value) and ":***@" in str(e.value)
+    wrong = postgres.url.replace(PASSWORD, "wrong-password")
+    with pytest.raises(StartupError, match="password authentication failed") as e:
+        open_store(wrong)
+    assert "wrong-password" not in str(e.value)
+    closed = f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/postgres"
+    with pytest.raises(StartupError, match="cannot be used") as e:
+        open_store(closed)
+    assert PASSWORD not in str(e.value)
+    with pytest.raises(ConfigError, match="is not a table name"):
+        open_store(postgres.url_for("bad;name"))
