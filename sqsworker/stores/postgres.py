@@ -1,9 +1,14 @@
 """``postgresql://user@host:port/db?table=NAME``: records in a PostgreSQL table.
 
 Shared by every worker that reaches the database, on psycopg 3 with a connection
-pool (``pip install 'sqsworker[postgres]'``). Credentials come from the URL, from
-libpq's environment (``PGPASSWORD``, ``PGHOST``, ...) or from a ``.pgpass`` file;
-the store's URL as it is shown (logs, errors) never carries a password. Other
+pool (``pip install 'sqsworker[postgres]'``): the pool opens and bounds the
+connections, and each worker thread keeps the one it borrowed (a checkout per
+statement cost as much as the statement); a connection the server dropped fails
+its call once (the message takes the failure path) and is replaced.
+
+Credentials come from the URL, from libpq's environment (``PGPASSWORD``,
+``PGHOST``, ...) or from a ``.pgpass`` file; the store's URL as it is shown (logs,
+errors) never carries a password. Other
 query parameters (``sslmode``, ``connect_timeout``, ...) go to libpq as they are;
 ``table`` (default ``sqsworker_idempotency``, optionally ``schema.table``) and
 ``pool`` (connections, default the worker's concurrency + 2) are the store's.
@@ -89,46 +94,77 @@ class PostgresStore:
         self._pool = pool
         self._table = table
         t = sql.Identifier(*table)
-        self._claim = sql.SQL(
-            "WITH claimed AS ("
-            " INSERT INTO {t} AS r (key, state, owner, digest, expires_at)"
-            " VALUES (%(key)s, 'in_progress', %(owner)s, %(digest)s, %(expires_at)s)"
-            " ON CONFLICT (key) DO UPDATE SET state = 'in_progress', owner = excluded.owner,"
-            " digest = excluded.digest, expires_at = excluded.expires_at"
-            " WHERE r.expires_at <= %(now)s RETURNING 1)"
-            # The record as it stood before this statement: the one in the way, if any.
-            " SELECT (SELECT count(*) FROM claimed), r.state, r.owner, r.digest, r.expires_at"
-            " FROM (SELECT 1) AS one LEFT JOIN {t} AS r ON r.key = %(key)s"
-        ).format(t=t)
-        self._renew = sql.SQL(
-            "UPDATE {t} AS r SET expires_at = CASE r.state"
-            " WHEN 'in_progress' THEN v.expires_at ELSE r.expires_at END"
-            " FROM unnest(%s::text[], %s::text[], %s::float8[]) AS v(key, owner, expires_at)"
-            " WHERE r.key = v.key AND r.owner = v.owner RETURNING r.key"
-        ).format(t=t)
-        self._complete = sql.SQL(
-            "INSERT INTO {t} AS r (key, state, owner, digest, expires_at)"
-            " VALUES (%(key)s, 'completed', %(owner)s, %(digest)s, %(expires_at)s)"
-            " ON CONFLICT (key) DO UPDATE SET state = 'completed', owner = excluded.owner,"
-            " digest = excluded.digest, expires_at = excluded.expires_at"
-            " WHERE r.owner = excluded.owner OR r.expires_at <= %(now)s"
-        ).format(t=t)
-        self._complete_own = sql.SQL(
-            "UPDATE {t} SET state = 'completed', expires_at = %s"
-            " WHERE key = %s AND owner = %s AND state = 'in_progress'"
-        ).format(t=t)
-        self._release = sql.SQL(
-            "DELETE FROM {t} WHERE key = %s AND owner = %s AND state = 'in_progress'"
-        ).format(t=t)
-        self._get = sql.SQL(
-            "SELECT state, owner, digest, expires_at FROM {t} WHERE key = %s"
-        ).format(t=t)
-        self._purge = sql.SQL(
-            "DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE expires_at <= %s"
-            " ORDER BY expires_at LIMIT {n} FOR UPDATE SKIP LOCKED)"
-        ).format(t=t, n=sql.Literal(PURGE_BATCH))
-        self._lock = threading.Lock()  # guards _claims
+        # Each statement rendered to text once: psycopg parses a text query once and
+        # caches it, where a composed one is rendered again at every call.
+        self._claim = (
+            sql.SQL(
+                "WITH claimed AS ("
+                " INSERT INTO {t} AS r (key, state, owner, digest, expires_at)"
+                " VALUES (%(key)s, 'in_progress', %(owner)s, %(digest)s, %(expires_at)s)"
+                " ON CONFLICT (key) DO UPDATE SET state = 'in_progress', owner = excluded.owner,"
+                " digest = excluded.digest, expires_at = excluded.expires_at"
+                " WHERE r.expires_at <= %(now)s RETURNING 1)"
+                # The record as it stood before this statement: the one in the way, if any.
+                " SELECT (SELECT count(*) FROM claimed), r.state, r.owner, r.digest, r.expires_at"
+                " FROM (SELECT 1) AS one LEFT JOIN {t} AS r ON r.key = %(key)s"
+            )
+            .format(t=t)
+            .as_string(None)
+        )
+        self._renew = (
+            sql.SQL(
+                "UPDATE {t} AS r SET expires_at = CASE r.state"
+                " WHEN 'in_progress' THEN v.expires_at ELSE r.expires_at END"
+                " FROM unnest(%s::text[], %s::text[], %s::float8[]) AS v(key, owner, expires_at)"
+                " WHERE r.key = v.key AND r.owner = v.owner RETURNING r.key"
+            )
+            .format(t=t)
+            .as_string(None)
+        )
+        self._complete = (
+            sql.SQL(
+                "INSERT INTO {t} AS r (key, state, owner, digest, expires_at)"
+                " VALUES (%(key)s, 'completed', %(owner)s, %(digest)s, %(expires_at)s)"
+                " ON CONFLICT (key) DO UPDATE SET state = 'completed', owner = excluded.owner,"
+                " digest = excluded.digest, expires_at = excluded.expires_at"
+                " WHERE r.owner = excluded.owner OR r.expires_at <= %(now)s"
+            )
+            .format(t=t)
+            .as_string(None)
+        )
+        self._complete_own = (
+            sql.SQL(
+                "UPDATE {t} SET state = 'completed', expires_at = %s"
+                " WHERE key = %s AND owner = %s AND state = 'in_progress'"
+            )
+            .format(t=t)
+            .as_string(None)
+        )
+        self._release = (
+            sql.SQL("DELETE FROM {t} WHERE key = %s AND owner = %s AND state = 'in_progress'")
+            .format(t=t)
+            .as_string(None)
+        )
+        self._get = (
+            sql.SQL("SELECT state, owner, digest, expires_at FROM {t} WHERE key = %s")
+            .format(t=t)
+            .as_string(None)
+        )
+        self._purge = (
+            sql.SQL(
+                "DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE expires_at <= %s"
+                " ORDER BY expires_at LIMIT {n} FOR UPDATE SKIP LOCKED)"
+            )
+            .format(t=t, n=sql.Literal(PURGE_BATCH))
+            .as_string(None)
+        )
+        self._lock = threading.Lock()  # guards _claims and _lent
         self._claims = 0
+        # Each thread keeps the connection it borrowed (a pool's checkout costs more than
+        # a statement): the handler threads, the claim keeper. The pool bounds and makes
+        # them; a connection the server dropped fails its call once and is replaced.
+        self._local = threading.local()
+        self._lent: list[psycopg.Connection[Any]] = []
 
     @classmethod
     def open(cls, url: StoreURL, *, create: bool = False, pool_size: int = 10) -> PostgresStore:
@@ -154,7 +190,6 @@ class PostgresStore:
             max_size=size or pool_size,
             kwargs=settings,
             configure=_configure,
-            check=ConnectionPool.check_connection,  # a connection the server dropped is replaced
             timeout=POOL_WAIT,
             name="sqsworker-idempotency",
             open=False,
@@ -171,15 +206,36 @@ class PostgresStore:
 
     # -- calls -----------------------------------------------------------------------------
 
+    def _borrowed(self) -> psycopg.Connection[Any]:
+        """This thread's connection, borrowed from the pool the first time."""
+        db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
+        if db is None:
+            try:
+                db = self._pool.getconn()
+            except (psycopg.Error, PoolTimeout) as exc:
+                raise StoreError(f"PostgreSQL store {self.url}: {_first_line(exc)}") from exc
+            self._local.db = db
+            with self._lock:
+                self._lent.append(db)
+        return db
+
+    def _give_back_if_broken(self, db: psycopg.Connection[Any]) -> None:
+        if db.broken or db.closed:
+            self._local.db = None
+            with self._lock:
+                self._lent.remove(db)
+            self._pool.putconn(db)  # discarded: the pool opens another when needed
+
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        db = self._borrowed()
         try:
-            with self._pool.connection() as db:
-                yield db
-        except (psycopg.Error, PoolTimeout) as exc:
+            yield db
+        except psycopg.Error as exc:
+            self._give_back_if_broken(db)
             raise StoreError(f"PostgreSQL store {self.url}: {_first_line(exc)}") from exc
 
-    def _execute(self, query: sql.Composed, params: Any) -> list[tuple[Any, ...]]:
+    def _execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
         with self._connection() as db:
             cursor = db.execute(query, params)
             return cursor.fetchall() if cursor.description else [(cursor.rowcount,)]
@@ -228,10 +284,7 @@ class PostgresStore:
         The handler's statements run without this store's statement timeout (they are
         the user's); the completion is bounded by it again.
         """
-        try:
-            db = self._pool.getconn()
-        except (psycopg.Error, PoolTimeout) as exc:
-            raise StoreError(f"PostgreSQL store {self.url}: {_first_line(exc)}") from exc
+        db = self._borrowed()
         try:  # the handler's own errors leave the block as they are
             with db.transaction():
                 db.execute("SET LOCAL statement_timeout = 0")
@@ -248,7 +301,7 @@ class PostgresStore:
                         "so the effect happens once, there"
                     )
         finally:
-            self._pool.putconn(db)  # a broken connection is dropped, not reused
+            self._give_back_if_broken(db)
 
     def get(self, key: str) -> Record | None:
         rows = self._execute(self._get, (key,))
@@ -258,6 +311,10 @@ class PostgresStore:
         return Record(State(state), owner, digest, expires_at)
 
     def close(self) -> None:
+        with self._lock:
+            lent, self._lent = self._lent, []
+        for db in lent:
+            self._pool.putconn(db)
         self._pool.close()
 
     def _maybe_purge(self, now: float) -> None:
@@ -283,7 +340,9 @@ def _create(db: psycopg.Connection[Any], table: tuple[str, ...]) -> None:
             " owner text NOT NULL,"  # one claim of one message
             " digest text NOT NULL,"  # hash of the body
             " expires_at double precision NOT NULL)"  # epoch seconds: lease end, or TTL
-        ).format(t=t)
+        )
+        .format(t=t)
+        .as_string(None)
     )
     db.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (expires_at)").format(i=index, t=t))
 

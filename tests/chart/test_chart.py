@@ -238,3 +238,17 @@ def bad(*args: str) -> Iterator[str]:
 def test_the_schema_refuses_bad_values(args: list[str], message: str) -> None:
     for stderr in bad(*args):
         assert message in stderr, stderr
+
+
+def test_the_postgresql_values_of_the_deployment_page_render(tmp_path: Path) -> None:
+    from ..snippets import snippet
+
+    values = tmp_path / "values.yaml"
+    values.write_text(snippet("docs/deployment.md", "secretRef").text)
+    deployment = kinds(render(*REQUIRED, "-f", str(values)))["Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SQSWORKER_IDEMPOTENCY_STORE"].startswith("postgresql://orders@")
+    assert ":" not in env["SQSWORKER_IDEMPOTENCY_STORE"].split("@")[0].removeprefix("postgresql:")
+    assert container["envFrom"] == [{"secretRef": {"name": "orders-db"}}]
+    validate(deployment)

@@ -241,3 +241,30 @@ def test_an_unusable_postgresql_store_stops_the_worker_without_showing_its_passw
         [line] = [x for x in result.stderr.splitlines() if x.startswith("sqsworker: error:")]
         assert sentence in line
         assert PASSWORD not in result.stderr and "wrong-pw" not in result.stderr
+
+
+def test_the_payments_example_charges_each_payment_once_on_postgresql(
+    scenario: Scenario, postgres: PostgresServer
+) -> None:
+    store = postgres.url_for(unique("payment_keys").replace("-", "_"))
+    env = {**os.environ, **scenario.server.env()}
+    sqsworker = str(Path(sys.executable).parent / "sqsworker")
+    created = subprocess.run([sqsworker, "create-store", store], env=env, capture_output=True)
+    assert created.returncode == 0, created.stderr
+    postgres.sql("DROP TABLE IF EXISTS ledger")
+    postgres.sql("CREATE TABLE ledger (payment_id text PRIMARY KEY, cents integer)")
+    payments = [json.dumps({"payment": {"id": f"p-{i}", "cents": 100 * i}}) for i in range(8)]
+    send_all(scenario.queue, payments + payments[:3])  # three sent twice
+    done = subprocess.run(
+        [sqsworker, "run", "examples.payments:charge", "--queue", scenario.name, "--burst"],
+        env={**env, "SQSWORKER_IDEMPOTENCY_STORE": store, "SQSWORKER_WAIT_TIME": "1"},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    ledger = postgres.sql("SELECT payment_id, cents FROM ledger ORDER BY cents")
+    assert ledger == [(f"p-{i}", 100 * i) for i in range(8)]
+    assert done.stderr.count("duplicate suppressed") + done.stderr.count("duplicate deferred") >= 3
+    assert scenario.queue.counts().total == 0

@@ -68,6 +68,11 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
         "test_the_helm_install_values_render": [("docs/deployment.md", "helm install")],
         "test_the_spark_install_line_names_the_spark_extra": [("docs/spark.md", "pip install")],
     },
+    "tests/chart/test_chart.py": {
+        "test_the_postgresql_values_of_the_deployment_page_render": [
+            ("docs/deployment.md", "secretRef"),
+        ],
+    },
     "tests/integration/test_readme_walkthrough.py": {
         "test_the_readme_walkthrough_runs_as_written": [
             ("README.md", ".venv/bin/sqsworker local"),
