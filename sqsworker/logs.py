@@ -102,6 +102,7 @@ class LogObserver(Observer):
         self.log = logger or structlog.get_logger("sqsworker")
         self.log_bodies = log_bodies
         self.max_receive_count: int | None = None
+        self.wait_time: int | None = None
 
     def _for(self, message: Message, with_body: bool = False) -> Any:
         log = self.log.bind(**message.log_context, handler=self.handler)
@@ -111,6 +112,7 @@ class LogObserver(Observer):
 
     def worker_started(self, info: QueueInfo, config: WorkerConfig) -> None:
         self.max_receive_count = info.max_receive_count
+        self.wait_time = config.wait_time
         self.log.info(
             "worker started",
             queue=info.name,
@@ -269,7 +271,14 @@ class LogObserver(Observer):
         self.log.warning("idempotency store call failed", operation=operation, error=str(error))
 
     def shutdown_started(self, waiting: int, running: int) -> None:
-        self.log.info("shutting down", handing_back=waiting, running=running)
+        # A long poll under way is waited out (its messages are handed back, not
+        # stranded): say so, or a quiet stop of up to --wait-time looks like a hang.
+        self.log.info(
+            "shutting down",
+            handing_back=waiting,
+            running=running,
+            long_poll_ends_within=self.wait_time,
+        )
 
     def shutdown_finished(self, clean: bool, handed_back: int, unsettled: int) -> None:
         log = self.log.info if clean and not unsettled else self.log.warning
