@@ -207,8 +207,9 @@ class WorkerConfig:
     idempotency_store: str | None = field(
         default=None,
         metadata=_option(
-            "Where idempotency records live: sqlite:///PATH.db (one host), dynamodb://TABLE "
-            "(shared on AWS) or memory:// (tests). Unset: no idempotency keys.",
+            "Where idempotency records live: sqlite:///PATH.db (one host), "
+            "postgresql://USER@HOST:PORT/DB (shared, in your database; sqsworker[postgres]), "
+            "dynamodb://TABLE (shared on AWS) or memory:// (tests). Unset: no idempotency keys.",
             _parse_optional_str,
             metavar="URL",
         ),

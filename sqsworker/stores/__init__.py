@@ -22,11 +22,12 @@ URL it cannot parse and ``StartupError`` for a store it cannot reach.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..errors import ConfigError, StartupError
 
@@ -111,6 +112,7 @@ OPTIONS: dict[str, set[str]] = {
 }
 # Besides these, a PostgreSQL URL's parameters are libpq's (sslmode, ...): libpq checks them.
 POSTGRES_OPTIONS = {"table", "pool"}
+POSTGRES_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # unquoted in SQL as written
 
 
 def parse_url(url: str) -> StoreURL:
@@ -123,6 +125,19 @@ def parse_url(url: str) -> StoreURL:
     options = {k: v[-1] for k, v in query.items()}
     if parts.scheme in ("postgresql", "postgres"):
         ours = {k: v for k, v in options.items() if k in POSTGRES_OPTIONS}
+        table = ours.get("table", "sqsworker_idempotency")
+        names = table.split(".")
+        if len(names) > 2 or not all(POSTGRES_NAME.fullmatch(n) for n in names):
+            raise ConfigError(
+                f"{shown(url)}: table={table!r} is not a table name; use lowercase letters, "
+                "digits and '_' (up to 63, not starting with a digit), as NAME or SCHEMA.NAME",
+                field="store",
+            )
+        if "pool" in ours and not (ours["pool"].isdigit() and int(ours["pool"]) >= 2):
+            raise ConfigError(
+                f"{shown(url)}: pool must be a number of connections, 2 or more",
+                field="store",
+            )
         return StoreURL(url.strip(), "postgresql", parts.netloc + parts.path, ours)
     unknown = sorted(set(options) - OPTIONS[parts.scheme])
     if unknown:
@@ -161,11 +176,33 @@ def parse_url(url: str) -> StoreURL:
 
 
 def shown(url: str) -> str:
-    """A URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """A URL without its password, for messages. It fails closed: when the part before
+    the last '@' does not read as USER or USER:PASSWORD, all of it is masked."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url
-    return url.replace(f":{parts.password}@", ":***@", 1)
+    at = rest.rfind("@")
+    if at >= 0:
+        user, colon, _ = rest[:at].partition(":")
+        if colon or any(c in user for c in "/?#"):
+            user = "***" if any(c in user for c in "/?#") else f"{user}:***"
+        rest = user + rest[at:]
+    rest = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", rest)
+    return f"{scheme}{sep}{rest}"
+
+
+def scrubbed(text: str, url: str) -> str:
+    """``text`` (a driver's message) without the password of ``url``, raw or decoded."""
+    secrets = set(re.findall(r"(?i)[?&]password=([^&#]*)", url))
+    rest = url.partition("://")[2]
+    if "@" in rest:
+        userinfo = rest[: rest.rfind("@")]
+        if ":" in userinfo:
+            secrets.add(userinfo.split(":", 1)[1])
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, "***").replace(unquote(secret), "***")
+    return text
 
 
 def _valid_table(name: str) -> bool:

@@ -1,10 +1,11 @@
 """``postgresql://user@host:port/db?table=NAME``: records in a PostgreSQL table.
 
 Shared by every worker that reaches the database, on psycopg 3 with a connection
-pool (``pip install 'sqsworker[postgres]'``): the pool opens and bounds the
-connections, and each worker thread keeps the one it borrowed (a checkout per
-statement cost as much as the statement); a connection the server dropped fails
-its call once (the message takes the failure path) and is replaced.
+pool (``pip install 'sqsworker[postgres]'``): a connection is lent for one call
+(or one ``transaction()`` block); one the server dropped fails that call (the
+message takes the failure path) and the pool replaces it. Every call is bounded:
+the pool's wait, the server's statement timeout, the socket's (TCP user timeout,
+keepalives), and a watchdog for a server that stops answering altogether.
 
 Credentials come from the URL, from libpq's environment (``PGPASSWORD``,
 ``PGHOST``, ...) or from a ``.pgpass`` file; the store's URL as it is shown (logs,
@@ -34,63 +35,73 @@ of the table), skipping rows other workers have locked.
 
 from __future__ import annotations
 
-import re
+import itertools
+import os
+import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ..errors import ConfigError, LeaseLost, StartupError, StoreError
-from . import STORE_CALL_LIMIT, Lease, Record, State, StoreURL, shown
+from ..errors import LeaseLost, StartupError, StoreError
+from . import POSTGRES_OPTIONS, STORE_CALL_LIMIT, Lease, Record, State, StoreURL, scrubbed, shown
 
 DEFAULT_TABLE = "sqsworker_idempotency"
 PURGE_EVERY = 1000  # claims between purges of expired records
 PURGE_BATCH = 1000
 # Every store call ends within STORE_CALL_LIMIT: waiting for a pooled connection,
 # connecting, then the statement.
-POOL_WAIT = 10.0
+POOL_WAIT = 8.0
 CONNECT_TIMEOUT = 10
 STATEMENT_TIMEOUT_MS = 15_000
-NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-assert POOL_WAIT + CONNECT_TIMEOUT + STATEMENT_TIMEOUT_MS / 1000 < STORE_CALL_LIMIT
+# A statement the server's timeout did not end (the server stopped, its host froze
+# while TCP still answers): the watchdog cuts the connection this much later.
+WATCHDOG_MARGIN = 5.0
+assert POOL_WAIT + CONNECT_TIMEOUT + STATEMENT_TIMEOUT_MS / 1000 + WATCHDOG_MARGIN < (
+    STORE_CALL_LIMIT
+)
 
 
 def parse(url: StoreURL) -> tuple[str, tuple[str, ...], int | None]:
-    """libpq's connection URL, the table's name (schema, table), and the pool's size."""
-    parts = urlsplit(url.url.strip())
-    ours = {"table", "pool"}
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours]
-    conninfo = urlunsplit(parts._replace(query=urlencode(query)))
-    table = url.options.get("table", DEFAULT_TABLE)
-    names = tuple(table.split("."))
-    if len(names) > 2 or not all(NAME.fullmatch(n) for n in names):
-        raise ConfigError(
-            f"{shown(url.url)}: table={table!r} is not a table name; use letters, digits "
-            "and '_' (up to 63, not starting with a digit), as NAME or SCHEMA.NAME",
-            field="store",
-        )
-    size = None
-    if "pool" in url.options:
-        try:
-            size = int(url.options["pool"])
-        except ValueError:
-            size = 0
-        if size < 1:
-            raise ConfigError(
-                f"{shown(url.url)}: pool must be a number of connections, 1 or more",
-                field="store",
-            )
-    return conninfo, names, size
+    """libpq's connection URL (the store's own parameters taken out, libpq's left as
+    written), the table's name, and the pool's size; parse_url checked both."""
+    head, _, query = url.url.strip().partition("?")
+    kept = [p for p in query.split("&") if p and p.split("=", 1)[0] not in POSTGRES_OPTIONS]
+    conninfo = head + ("?" + "&".join(kept) if kept else "")
+    table = tuple(url.options.get("table", DEFAULT_TABLE).split("."))
+    size = int(url.options["pool"]) if "pool" in url.options else None
+    return conninfo, table, size
+
+
+def _settings(conninfo: str) -> dict[str, Any]:
+    """Connection settings: autocommit; every call bounded (connect, each statement on
+    the server, unacknowledged data and a silent peer on the client's socket)."""
+    given = conninfo_to_dict(conninfo)
+    options = f"{given.get('options', '')} -c statement_timeout={STATEMENT_TIMEOUT_MS}"
+    settings: dict[str, Any] = {
+        "autocommit": True,
+        "options": options.strip(),
+        "connect_timeout": given.get("connect_timeout", CONNECT_TIMEOUT),
+        "keepalives": 1,
+        "keepalives_idle": given.get("keepalives_idle", 5),
+        "keepalives_interval": given.get("keepalives_interval", 2),
+        "keepalives_count": given.get("keepalives_count", 3),
+        "tcp_user_timeout": given.get("tcp_user_timeout", STATEMENT_TIMEOUT_MS),
+    }
+    return settings
 
 
 class PostgresStore:
     def __init__(self, url: str, pool: ConnectionPool, table: tuple[str, ...]) -> None:
         self.url = shown(url)
+        self._raw = url  # for scrubbing its password out of libpq's messages
         self._pool = pool
         self._table = table
         t = sql.Identifier(*table)
@@ -158,38 +169,41 @@ class PostgresStore:
             .format(t=t, n=sql.Literal(PURGE_BATCH))
             .as_string(None)
         )
-        self._lock = threading.Lock()  # guards _claims and _lent
+        self._lock = threading.Lock()  # guards _claims
         self._claims = 0
-        # Each thread keeps the connection it borrowed (a pool's checkout costs more than
-        # a statement): the handler threads, the claim keeper. The pool bounds and makes
-        # them; a connection the server dropped fails its call once and is replaced.
-        self._local = threading.local()
-        self._lent: list[psycopg.Connection[Any]] = []
+        self._watchdog = Watchdog(STATEMENT_TIMEOUT_MS / 1000 + WATCHDOG_MARGIN)
 
     @classmethod
     def open(cls, url: StoreURL, *, create: bool = False, pool_size: int = 10) -> PostgresStore:
         conninfo, table, size = parse(url)
         where = shown(url.url)
-        settings: dict[str, Any] = {"autocommit": True}
-        if "connect_timeout" not in conninfo:
-            settings["connect_timeout"] = CONNECT_TIMEOUT
+        try:
+            settings = _settings(conninfo)
+        except psycopg.Error as exc:
+            raise StartupError(
+                f"the idempotency store {where} has a URL libpq cannot read "
+                f"({scrubbed(_first_line(exc), url.url)}): check its spelling and quoting "
+                "(percent-encode '/', '?', '#', '@' and '%' in a password)"
+            ) from None
         try:  # once by hand: the pool's own failure says only that it timed out
             with psycopg.connect(conninfo, **settings) as db:
+                if len(table) == 1:  # the schema is fixed now: a handler's search_path
+                    [(schema,)] = db.execute("SELECT current_schema()").fetchall()
+                    table = (str(schema), table[0])  # cannot move the store's table
                 if create:
                     _create(db, table)
                 _check(db, table, where)
         except psycopg.Error as exc:
             raise StartupError(
                 f"the idempotency store {where} cannot be used "
-                f"({_first_line(exc)}): check the host, port, database and credentials "
-                "(in the URL, PGPASSWORD or ~/.pgpass)"
+                f"({scrubbed(_first_line(exc), url.url)}): check the host, port, database "
+                "and credentials (in the URL, PGPASSWORD or ~/.pgpass)"
             ) from None
         pool = ConnectionPool(
             conninfo,
             min_size=1,
             max_size=size or pool_size,
             kwargs=settings,
-            configure=_configure,
             timeout=POOL_WAIT,
             name="sqsworker-idempotency",
             open=False,
@@ -206,37 +220,21 @@ class PostgresStore:
 
     # -- calls -----------------------------------------------------------------------------
 
-    def _borrowed(self) -> psycopg.Connection[Any]:
-        """This thread's connection, borrowed from the pool the first time."""
-        db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
-        if db is None:
-            try:
-                db = self._pool.getconn()
-            except (psycopg.Error, PoolTimeout) as exc:
-                raise StoreError(f"PostgreSQL store {self.url}: {_first_line(exc)}") from exc
-            self._local.db = db
-            with self._lock:
-                self._lent.append(db)
-        return db
-
-    def _give_back_if_broken(self, db: psycopg.Connection[Any]) -> None:
-        if db.broken or db.closed:
-            self._local.db = None
-            with self._lock:
-                self._lent.remove(db)
-            self._pool.putconn(db)  # discarded: the pool opens another when needed
+    def _error(self, exc: BaseException) -> StoreError:
+        return StoreError(f"PostgreSQL store {self.url}: {scrubbed(_first_line(exc), self._raw)}")
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
-        db = self._borrowed()
+        """A pooled connection for one call. A connection the server dropped is not put
+        back in use: the pool replaces it."""
         try:
-            yield db
-        except psycopg.Error as exc:
-            self._give_back_if_broken(db)
-            raise StoreError(f"PostgreSQL store {self.url}: {_first_line(exc)}") from exc
+            with self._pool.connection() as db:
+                yield db
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise self._error(exc) from exc
 
     def _execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
-        with self._connection() as db:
+        with self._connection() as db, self._watchdog.watching(db):
             cursor = db.execute(query, params)
             return cursor.fetchall() if cursor.description else [(cursor.rowcount,)]
 
@@ -253,9 +251,10 @@ class PostgresStore:
             )
             if taken:
                 return None
-            if state is not None:
+            if state is not None and until > now:
                 return Record(State(state), holder, held_digest, until)
-            # Inserted by another worker after this statement's snapshot: read it anew.
+            # The statement's snapshot predates the record in the way (another worker
+            # claimed the key meanwhile): claim again, with a snapshot that shows it.
         raise StoreError(f"PostgreSQL store {self.url}: the record of {key!r} kept changing")
 
     def renew(self, leases: Sequence[Lease]) -> list[str]:
@@ -284,24 +283,39 @@ class PostgresStore:
         The handler's statements run without this store's statement timeout (they are
         the user's); the completion is bounded by it again.
         """
-        db = self._borrowed()
+        try:
+            db = self._pool.getconn()
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise self._error(exc) from exc
         try:  # the handler's own errors leave the block as they are
             with db.transaction():
-                db.execute("SET LOCAL statement_timeout = 0")
+                self._run(db, "SET LOCAL statement_timeout = 0")
                 yield Transaction(db)
-                try:
-                    db.execute(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
-                    completed = db.execute(self._complete_own, (expires_at, key, owner))
-                except psycopg.Error as exc:
-                    raise StoreError(f"PostgreSQL store {self.url}: {_first_line(exc)}") from exc
+                if db.info.transaction_status != TransactionStatus.INTRANS:
+                    raise RuntimeError(
+                        "message.transaction(): the block ended its transaction itself "
+                        "(COMMIT or ROLLBACK through execute()); its writes and the key's "
+                        "completion can no longer commit together"
+                    )
+                self._run(db, f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+                completed = self._run(db, self._complete_own, (expires_at, key, owner))
                 if completed.rowcount != 1:
                     raise LeaseLost(
-                        f"the idempotency record of {key!r} passed to another worker while "
-                        "this one ran (its lease lapsed); this transaction was rolled back, "
-                        "so the effect happens once, there"
+                        f"the idempotency record of {key!r} is no longer this worker's "
+                        "claim (its lease lapsed, and another worker claimed or completed "
+                        "it); this transaction was rolled back, so the effect happens once"
                     )
+            if not db.broken:  # a session setting the handler changed stays with it
+                self._run(db, "RESET ALL")
         finally:
-            self._give_back_if_broken(db)
+            self._pool.putconn(db)  # a broken connection is dropped, not reused
+
+    def _run(self, db: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
+        try:
+            with self._watchdog.watching(db):
+                return db.execute(query, params)
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
 
     def get(self, key: str) -> Record | None:
         rows = self._execute(self._get, (key,))
@@ -311,10 +325,7 @@ class PostgresStore:
         return Record(State(state), owner, digest, expires_at)
 
     def close(self) -> None:
-        with self._lock:
-            lent, self._lent = self._lent, []
-        for db in lent:
-            self._pool.putconn(db)
+        self._watchdog.close()
         self._pool.close()
 
     def _maybe_purge(self, now: float) -> None:
@@ -323,10 +334,6 @@ class PostgresStore:
             if self._claims % PURGE_EVERY != 1:
                 return
         self._execute(self._purge, (now,))
-
-
-def _configure(db: psycopg.Connection[Any]) -> None:
-    db.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
 
 
 def _create(db: psycopg.Connection[Any], table: tuple[str, ...]) -> None:
@@ -363,13 +370,19 @@ def _check(db: psycopg.Connection[Any], table: tuple[str, ...], where: str) -> N
             f"the table {'.'.join(table)} of {where} is not an idempotency table "
             f"({_first_line(exc)}): name another with ?table="
         ) from None
-    indexed = db.execute(
-        "SELECT 1 FROM pg_index i JOIN pg_attribute a"
+    indexes = db.execute(  # (unique, first column) of each one-column index
+        "SELECT i.indisunique, a.attname FROM pg_index i JOIN pg_attribute a"
         " ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
-        " WHERE i.indrelid = %s::regclass AND a.attname = 'expires_at'",
-        (".".join(table),),
-    ).fetchone()
-    if indexed is None:
+        " WHERE i.indrelid = to_regclass(%s) AND i.indnatts = 1",
+        (t.as_string(db),),
+    ).fetchall()
+    if (True, "key") not in indexes:
+        raise StartupError(
+            f"the table {'.'.join(table)} of {where} has no primary key or unique index on "
+            "key, which claims rely on: name another with ?table= or recreate it with "
+            "`sqsworker create-store`"
+        )
+    if not any(column == "expires_at" for _, column in indexes):
         raise StartupError(
             f"the table {'.'.join(table)} of {where} has no index on expires_at, so purging "
             f"expired records would scan it: run `sqsworker create-store {where}`"
@@ -378,6 +391,69 @@ def _check(db: psycopg.Connection[Any], table: tuple[str, ...], where: str) -> N
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+class Watchdog:
+    """Cuts the socket of a store statement that outlives ``limit`` seconds, so the
+    thread waiting on it gets an error instead of waiting for ever. The server's
+    statement timeout ends a slow statement; this ends a wait on a server that no
+    longer answers at all (a stopped process, a frozen host whose TCP stack still
+    acknowledges): one thread, started at the first call."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self._calls: dict[int, tuple[float, psycopg.Connection[Any]]] = {}
+        self._numbers = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @contextmanager
+    def watching(self, db: psycopg.Connection[Any]) -> Iterator[None]:
+        number = next(self._numbers)
+        with self._wake:
+            self._calls[number] = (time.monotonic() + self.limit, db)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._run, name="sqsworker-store-watchdog", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._calls.pop(number, None)
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                overdue = [n for n, (deadline, _) in self._calls.items() if deadline <= now]
+                cut = [self._calls.pop(n)[1] for n in overdue]
+                if not cut:
+                    soonest = min((d for d, _ in self._calls.values()), default=now + 1.0)
+                    self._wake.wait(max(0.05, min(1.0, soonest - now)))
+                    continue
+            for db in cut:
+                _cut(db)
+
+
+def _cut(db: psycopg.Connection[Any]) -> None:
+    """Shut the connection's socket down under the thread blocked on it: its read
+    fails, psycopg marks the connection broken, the pool drops it."""
+    try:
+        fd = os.dup(db.pgconn.socket)
+    except (OSError, psycopg.Error):
+        return  # closed meanwhile
+    with socket.socket(fileno=fd) as sock, suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class Transaction:

@@ -13,9 +13,7 @@ writers, and at most that again for SQLite's lock.
 ``transaction()`` gives a handler the database inside ``BEGIN IMMEDIATE`` and
 writes the completion record in the same transaction, but only while the claim
 is still the handler's own: a worker whose claim passed to another worker gets
-its writes rolled back. PostgreSQL can follow the same shape: one table, the
-same statements (``INSERT ... ON CONFLICT``), and ``SELECT ... FOR UPDATE`` on
-the record inside the handler's transaction.
+its writes rolled back. ``stores/postgres.py`` follows the same shape.
 """
 
 from __future__ import annotations
@@ -228,6 +226,12 @@ class SQLiteStore:
             raise StoreError(f"SQLite store {self.path}: {exc}") from exc
         try:
             yield Transaction(db)
+            if not db.in_transaction:
+                raise RuntimeError(
+                    "message.transaction(): the block ended its transaction itself (COMMIT "
+                    "or ROLLBACK through execute()); its writes and the key's completion can "
+                    "no longer commit together"
+                )
             # SQLite's write lock is ours until COMMIT: no need to queue for _writing
             # (and a writer queued there waits for this very transaction).
             completed = db.execute(

@@ -4,9 +4,12 @@ index, and a server that goes away and comes back."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +17,8 @@ import pytest
 
 from sqsworker import LeaseLost, Message
 from sqsworker.clock import FakeClock
-from sqsworker.errors import ConfigError, StartupError
-from sqsworker.stores import Lease, State, open_store
+from sqsworker.errors import ConfigError, StartupError, StoreError
+from sqsworker.stores import STORE_CALL_LIMIT, Lease, State, open_store, parse_url
 from sqsworker.stores.postgres import PURGE_BATCH, PostgresStore
 from sqsworker.transports.memory import MemorySQS
 
@@ -52,7 +55,7 @@ def test_a_transaction_whose_claim_passed_to_another_worker_rolls_back(
     store.claim("k", "paused", "d", 1030.0, 1000.0)
     store.claim("k", "other", "d", 1090.0, 1031.0)  # the first claim lapsed; another took it
     with (
-        pytest.raises(LeaseLost, match="passed to another worker"),
+        pytest.raises(LeaseLost, match="no longer this worker's claim"),
         store.transaction("k", "paused", 5000.0) as db,
     ):
         db.execute("INSERT INTO payments VALUES ('twice?')")
@@ -108,7 +111,7 @@ def test_the_server_going_away_sends_the_message_down_the_failure_path_and_nothi
     try:
         rig.send("during")
         rig.advance_until(lambda: rig.count("received") == 2)
-        # The claim fails once the pool gives up on reconnecting (its wait, 10 s): the
+        # The claim fails once the pool gives up on reconnecting (its wait, 8 s): the
         # message takes the failure path, its backoff, and is kept.
         rig.wait_for("store_failures", 1)
         assert rig.count("deleted") == 1
@@ -171,3 +174,82 @@ def test_a_store_that_cannot_be_used_is_refused_at_start_without_its_password(
     assert PASSWORD not in str(e.value)
     with pytest.raises(ConfigError, match="is not a table name"):
         open_store(postgres.url_for("bad;name"))
+
+
+def test_a_server_that_stops_answering_fails_the_call_instead_of_holding_it(
+    url: str, postgres: PostgresServer
+) -> None:
+    store = open_store(url)
+    assert isinstance(store, PostgresStore)
+    store._watchdog.limit = 2.0  # 20 s in production: past the server's statement timeout
+    store.claim("k", "o", "d", 2000.0, 1000.0)
+    backends = [
+        int(pid)  # type: ignore[call-overload]
+        for (pid,) in postgres.sql(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'"
+            " AND pid <> pg_backend_pid()"
+        )
+    ]
+    for pid in backends:  # the server's processes for this store stop, as a frozen host's
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        with pytest.raises(StoreError):
+            store.renew([Lease("k", "o", 3000.0)])
+        assert time.monotonic() - began < STORE_CALL_LIMIT
+    finally:
+        for pid in backends:
+            os.kill(pid, signal.SIGCONT)
+    assert store.renew([Lease("k", "o", 3000.0)]) == []  # a fresh connection: working again
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "secret_url",
+    [
+        "postgresql://postgres@127.0.0.1:{port}/postgres?password={pw}&table=t",
+        "postgresql://postgres:ab/cd-{pw}@127.0.0.1:{port}/postgres",
+        "postgresql://postgres:ab#cd-{pw}@127.0.0.1:{port}/postgres",
+        "postgresql://postgres:ab?cd-{pw}@127.0.0.1:{port}/postgres",
+        "postgresql://postgres:{pw}%zz@127.0.0.1:{port}/postgres",
+    ],
+)
+def test_a_password_is_never_shown_however_the_url_is_written(
+    postgres: PostgresServer, secret_url: str
+) -> None:
+    url = secret_url.format(port=postgres.port, pw=PASSWORD)
+    try:
+        store = open_store(url)
+    except (StartupError, ConfigError) as exc:
+        assert PASSWORD not in str(exc)
+    else:  # the one that works: ?password= in the query
+        assert PASSWORD not in store.url and "password=***" in store.url
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("table=Keys", "is not a table name"),
+        ("table=a.b.c", "is not a table name"),
+        ("pool=0", "pool must be a number of connections, 2 or more"),
+        ("pool=many", "pool must be a number of connections, 2 or more"),
+    ],
+)
+def test_the_stores_own_options_are_checked_with_the_configuration(query: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_url(f"postgresql://app:{PASSWORD}@db/shop?{query}")
+    with pytest.raises(ConfigError) as raised:
+        parse_url(f"postgresql://app:{PASSWORD}@db/shop?{query}")
+    assert PASSWORD not in str(raised.value)
+
+
+def test_libpq_parameters_pass_through_as_written(postgres: PostgresServer) -> None:
+    table = unique("keys").replace("-", "_")
+    url = f"{postgres.url_for(table)}&application_name=payments%20worker"
+    store = open_store(url, create=True)
+    assert isinstance(store, PostgresStore)
+    store.claim("k", "o", "d", 2000.0, 1000.0)
+    names = postgres.sql("SELECT DISTINCT application_name FROM pg_stat_activity")
+    assert ("payments worker",) in names
+    store.close()
