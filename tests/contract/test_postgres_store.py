@@ -12,7 +12,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 from sqsworker import LeaseLost, Message
@@ -22,7 +24,7 @@ from sqsworker.stores import STORE_CALL_LIMIT, Lease, State, open_store, parse_u
 from sqsworker.stores.postgres import PURGE_BATCH, PostgresStore
 from sqsworker.transports.memory import MemorySQS
 
-from ..conftest import unique
+from ..conftest import unique, wait_until
 from ..postgres import PASSWORD, PostgresServer
 from ..unit.helpers import Rig
 
@@ -253,3 +255,87 @@ def test_libpq_parameters_pass_through_as_written(postgres: PostgresServer) -> N
     names = postgres.sql("SELECT DISTINCT application_name FROM pg_stat_activity")
     assert ("payments worker",) in names
     store.close()
+
+
+def test_a_claim_that_lost_a_race_reports_the_live_record_in_its_way(
+    url: str, postgres: PostgresServer
+) -> None:
+    """Its statement's snapshot can predate the winner: it must not report the expired
+    record the winner replaced (a valid duplicate would read as a key conflict)."""
+    store = open_store(url)
+    table = url.rsplit("table=", 1)[1]
+    now = 1031.0
+    postgres.sql(f"INSERT INTO {table} VALUES ('k', 'completed', 'A', 'dA', 1000.0)")
+    winner = psycopg.connect(postgres.url)  # B's claim: the row taken, not yet committed
+    winner.execute(
+        f"INSERT INTO {table} AS r (key, state, owner, digest, expires_at)"
+        " VALUES ('k', 'in_progress', 'B', 'dB', 1090.0) ON CONFLICT (key) DO UPDATE"
+        " SET state = 'in_progress', owner = excluded.owner, digest = excluded.digest,"
+        " expires_at = excluded.expires_at WHERE r.expires_at <= %s",
+        (now,),
+    )
+    got: list[Any] = []
+    loser = threading.Thread(target=lambda: got.append(store.claim("k", "C", "dB", 1090.0, now)))
+    loser.start()
+    wait_until(
+        lambda: bool(
+            postgres.sql(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE 'WITH claimed%%'"
+            )
+        ),
+        what="C's claim waiting for B's row lock",
+    )
+    winner.commit()
+    loser.join(10)
+    winner.close()
+    [record] = got
+    assert record is not None
+    assert (record.state, record.owner, record.digest) == (State.IN_PROGRESS, "B", "dB")
+    store.close()
+
+
+def test_a_handlers_session_settings_do_not_reach_the_store(
+    url: str, postgres: PostgresServer
+) -> None:
+    postgres.sql("CREATE SCHEMA IF NOT EXISTS tenant_a")
+    store = open_store(url, connections=2)
+    assert isinstance(store, PostgresStore)
+    for key in ("k1", "k2"):
+        store.claim(key, "o", "d", 2000.0, 1000.0)
+    with store.transaction("k1", "o", 5000.0) as db:
+        db.execute("SET LOCAL search_path TO tenant_a")  # its tenant's schema
+        db.execute("CREATE TABLE IF NOT EXISTS ledger (v text)")
+        db.execute("SET statement_timeout = 0")  # a long report, for the session
+    with store.transaction("k2", "o", 5000.0) as db:
+        db.execute("SET search_path TO tenant_a")
+    timeouts = {store._execute("SHOW statement_timeout", None)[0][0] for _ in range(4)}
+    assert timeouts == {"15s"}
+    assert store.claim("k3", "o", "d", 2000.0, 1000.0) is None  # the table is found
+    store.close()
+
+
+def test_ending_the_transaction_through_execute_raises(url: str, postgres: PostgresServer) -> None:
+    store = open_store(url)
+    assert isinstance(store, PostgresStore)
+    store.claim("k", "o", "d", 2000.0, 1000.0)
+    with (
+        pytest.raises(RuntimeError, match="ended its transaction itself"),
+        store.transaction("k", "o", 5000.0) as db,
+    ):
+        db.execute("INSERT INTO payments VALUES ('lost?')")
+        db.execute("ROLLBACK")
+    record = store.get("k")
+    assert record is not None and record.state is State.IN_PROGRESS  # not completed
+    store.close()
+
+
+def test_a_table_without_a_unique_key_is_refused_at_start(postgres: PostgresServer) -> None:
+    table = unique("keys").replace("-", "_")
+    postgres.sql(
+        f"CREATE TABLE {table} (key text, state text, owner text, digest text,"
+        " expires_at double precision)"
+    )
+    postgres.sql(f"CREATE INDEX ON {table} (expires_at)")
+    with pytest.raises(StartupError, match="no primary key or unique index on key"):
+        open_store(postgres.url_for(table))
