@@ -239,3 +239,29 @@ def open_store(
     from .dynamodb import DynamoDBStore
 
     return DynamoDBStore.open(parsed, region=region, endpoint_url=endpoint_url, create=create)
+
+
+class Transaction:
+    """The handler's connection inside ``message.transaction()`` (a ``sqlite3`` or a
+    psycopg connection): commits when the block ends. Everything the connection does,
+    except ending the transaction early or closing it."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    def commit(self) -> None:
+        raise RuntimeError(
+            "message.transaction() commits when its with-block ends; do not commit inside it"
+        )
+
+    def rollback(self) -> None:
+        raise RuntimeError(
+            "message.transaction() rolls back when an exception leaves its with-block; "
+            "raise instead of calling rollback()"
+        )
+
+    def close(self) -> None:
+        raise RuntimeError("the connection of message.transaction() belongs to the worker")

@@ -51,7 +51,17 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import LeaseLost, StartupError, StoreError
-from . import POSTGRES_OPTIONS, STORE_CALL_LIMIT, Lease, Record, State, StoreURL, scrubbed, shown
+from . import (
+    POSTGRES_OPTIONS,
+    STORE_CALL_LIMIT,
+    Lease,
+    Record,
+    State,
+    StoreURL,
+    Transaction,
+    scrubbed,
+    shown,
+)
 
 DEFAULT_TABLE = "sqsworker_idempotency"
 PURGE_EVERY = 1000  # claims between purges of expired records
@@ -454,29 +464,3 @@ def _cut(db: psycopg.Connection[Any]) -> None:
         return  # closed meanwhile
     with socket.socket(fileno=fd) as sock, suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-
-
-class Transaction:
-    """The handler's connection inside ``message.transaction()``: commits when the block
-    ends. Everything a ``psycopg.Connection`` does (``execute`` with ``%s`` parameters,
-    ``cursor()``), except ending the transaction early."""
-
-    def __init__(self, db: psycopg.Connection[Any]) -> None:
-        self._db = db
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._db, name)
-
-    def commit(self) -> None:
-        raise RuntimeError(
-            "message.transaction() commits when its with-block ends; do not commit inside it"
-        )
-
-    def rollback(self) -> None:
-        raise RuntimeError(
-            "message.transaction() rolls back when an exception leaves its with-block; "
-            "raise instead of calling rollback()"
-        )
-
-    def close(self) -> None:
-        raise RuntimeError("the connection of message.transaction() belongs to the worker")

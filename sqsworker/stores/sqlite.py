@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ConfigError, LeaseLost, StartupError, StoreError
-from . import STORE_CALL_LIMIT, Lease, Record, State, StoreURL
+from . import STORE_CALL_LIMIT, Lease, Record, State, StoreURL, Transaction
 
 TABLE = "sqsworker_idempotency"
 SCHEMA = f"""
@@ -273,30 +273,3 @@ class SQLiteStore:
             f"(SELECT key FROM {TABLE} WHERE expires_at <= ? LIMIT {PURGE_BATCH})",
             now,
         )
-
-
-class Transaction:
-    """The handler's connection inside ``message.transaction()``: commits when the block ends.
-
-    Everything a ``sqlite3.Connection`` does, except ending the transaction early.
-    """
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._db, name)
-
-    def commit(self) -> None:
-        raise RuntimeError(
-            "message.transaction() commits when its with-block ends; do not commit inside it"
-        )
-
-    def rollback(self) -> None:
-        raise RuntimeError(
-            "message.transaction() rolls back when an exception leaves its with-block; "
-            "raise instead of calling rollback()"
-        )
-
-    def close(self) -> None:
-        raise RuntimeError("the connection of message.transaction() belongs to the worker")

@@ -46,7 +46,7 @@ def work(message: sqsworker.Message) -> None:
 def pay(message: sqsworker.Message) -> None:
     body = message.json()
     with message.transaction() as db:
-        mark = "%s" if type(db).__module__.endswith("postgres") else "?"  # psycopg's, sqlite3's
+        mark = "%s" if hasattr(db, "pgconn") else "?"  # psycopg's placeholders, sqlite3's
         db.execute(
             f"INSERT INTO effects (key, pid, receive_count) VALUES ({mark}, {mark}, {mark})",
             (message.idempotency_key, os.getpid(), message.receive_count),
