@@ -261,7 +261,7 @@ class LogObserver(Observer):
             return  # the rejection's own line says it (KeyConflict), once
         self._for(message, with_body=True).error(
             "idempotency key conflict: the key was used before with another body",
-            outcome="rejected" if outcome == "reject" else "suppressed",
+            outcome="suppressed",
         )
 
     def claim_lost(self, message: Message, reason: str) -> None:
