@@ -112,6 +112,7 @@ OPTIONS: dict[str, set[str]] = {
 }
 # Besides these, a PostgreSQL URL's parameters are libpq's (sslmode, ...): libpq checks them.
 POSTGRES_OPTIONS = {"table", "pool"}
+POSTGRES_TABLE = "sqsworker_idempotency"
 POSTGRES_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # unquoted in SQL as written
 
 
@@ -125,7 +126,7 @@ def parse_url(url: str) -> StoreURL:
     options = {k: v[-1] for k, v in query.items()}
     if parts.scheme in ("postgresql", "postgres"):
         ours = {k: v for k, v in options.items() if k in POSTGRES_OPTIONS}
-        table = ours.get("table", "sqsworker_idempotency")
+        table = ours.get("table", POSTGRES_TABLE)
         names = table.split(".")
         if len(names) > 2 or not all(POSTGRES_NAME.fullmatch(n) for n in names):
             raise ConfigError(
@@ -183,10 +184,12 @@ def shown(url: str) -> str:
         return url
     at = rest.rfind("@")
     if at >= 0:
-        user, colon, _ = rest[:at].partition(":")
-        if colon or any(c in user for c in "/?#"):
-            user = "***" if any(c in user for c in "/?#") else f"{user}:***"
-        rest = user + rest[at:]
+        userinfo = rest[:at]
+        if any(c in userinfo for c in "/?#"):  # not USER[:PASSWORD]: hide all of it
+            userinfo = "***"
+        elif ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        rest = userinfo + rest[at:]
     rest = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", rest)
     return f"{scheme}{sep}{rest}"
 

@@ -53,6 +53,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..errors import LeaseLost, StartupError, StoreError
 from . import (
     POSTGRES_OPTIONS,
+    POSTGRES_TABLE,
     STORE_CALL_LIMIT,
     Lease,
     Record,
@@ -63,7 +64,6 @@ from . import (
     shown,
 )
 
-DEFAULT_TABLE = "sqsworker_idempotency"
 PURGE_EVERY = 1000  # claims between purges of expired records
 PURGE_BATCH = 1000
 # Every store call ends within STORE_CALL_LIMIT: waiting for a pooled connection,
@@ -85,7 +85,7 @@ def parse(url: StoreURL) -> tuple[str, tuple[str, ...], int | None]:
     head, _, query = url.url.strip().partition("?")
     kept = [p for p in query.split("&") if p and p.split("=", 1)[0] not in POSTGRES_OPTIONS]
     conninfo = head + ("?" + "&".join(kept) if kept else "")
-    table = tuple(url.options.get("table", DEFAULT_TABLE).split("."))
+    table = tuple(url.options.get("table", POSTGRES_TABLE).split("."))
     size = int(url.options["pool"]) if "pool" in url.options else None
     return conninfo, table, size
 
@@ -113,71 +113,48 @@ class PostgresStore:
         self.url = shown(url)
         self._raw = url  # for scrubbing its password out of libpq's messages
         self._pool = pool
-        self._table = table
         t = sql.Identifier(*table)
-        # Each statement rendered to text once: psycopg parses a text query once and
-        # caches it, where a composed one is rendered again at every call.
-        self._claim = (
-            sql.SQL(
-                "WITH claimed AS ("
-                " INSERT INTO {t} AS r (key, state, owner, digest, expires_at)"
-                " VALUES (%(key)s, 'in_progress', %(owner)s, %(digest)s, %(expires_at)s)"
-                " ON CONFLICT (key) DO UPDATE SET state = 'in_progress', owner = excluded.owner,"
-                " digest = excluded.digest, expires_at = excluded.expires_at"
-                " WHERE r.expires_at <= %(now)s RETURNING 1)"
-                # The record as it stood before this statement: the one in the way, if any.
-                " SELECT (SELECT count(*) FROM claimed), r.state, r.owner, r.digest, r.expires_at"
-                " FROM (SELECT 1) AS one LEFT JOIN {t} AS r ON r.key = %(key)s"
-            )
-            .format(t=t)
-            .as_string(None)
+
+        def statement(text: str) -> str:
+            """``text`` with the table named, rendered once: psycopg parses a text query
+            once and caches it, where a composed one is rendered again at every call."""
+            return sql.SQL(text).format(t=t, n=sql.Literal(PURGE_BATCH)).as_string(None)
+
+        self._claim = statement(
+            "WITH claimed AS ("
+            " INSERT INTO {t} AS r (key, state, owner, digest, expires_at)"
+            " VALUES (%(key)s, 'in_progress', %(owner)s, %(digest)s, %(expires_at)s)"
+            " ON CONFLICT (key) DO UPDATE SET state = 'in_progress', owner = excluded.owner,"
+            " digest = excluded.digest, expires_at = excluded.expires_at"
+            " WHERE r.expires_at <= %(now)s RETURNING 1)"
+            # The record as it stood before this statement: the one in the way, if any.
+            " SELECT (SELECT count(*) FROM claimed), r.state, r.owner, r.digest, r.expires_at"
+            " FROM (SELECT 1) AS one LEFT JOIN {t} AS r ON r.key = %(key)s"
         )
-        self._renew = (
-            sql.SQL(
-                "UPDATE {t} AS r SET expires_at = CASE r.state"
-                " WHEN 'in_progress' THEN v.expires_at ELSE r.expires_at END"
-                " FROM unnest(%s::text[], %s::text[], %s::float8[]) AS v(key, owner, expires_at)"
-                " WHERE r.key = v.key AND r.owner = v.owner RETURNING r.key"
-            )
-            .format(t=t)
-            .as_string(None)
+        self._renew = statement(
+            "UPDATE {t} AS r SET expires_at = CASE r.state"
+            " WHEN 'in_progress' THEN v.expires_at ELSE r.expires_at END"
+            " FROM unnest(%s::text[], %s::text[], %s::float8[]) AS v(key, owner, expires_at)"
+            " WHERE r.key = v.key AND r.owner = v.owner RETURNING r.key"
         )
-        self._complete = (
-            sql.SQL(
-                "INSERT INTO {t} AS r (key, state, owner, digest, expires_at)"
-                " VALUES (%(key)s, 'completed', %(owner)s, %(digest)s, %(expires_at)s)"
-                " ON CONFLICT (key) DO UPDATE SET state = 'completed', owner = excluded.owner,"
-                " digest = excluded.digest, expires_at = excluded.expires_at"
-                " WHERE r.owner = excluded.owner OR r.expires_at <= %(now)s"
-            )
-            .format(t=t)
-            .as_string(None)
+        self._complete = statement(
+            "INSERT INTO {t} AS r (key, state, owner, digest, expires_at)"
+            " VALUES (%(key)s, 'completed', %(owner)s, %(digest)s, %(expires_at)s)"
+            " ON CONFLICT (key) DO UPDATE SET state = 'completed', owner = excluded.owner,"
+            " digest = excluded.digest, expires_at = excluded.expires_at"
+            " WHERE r.owner = excluded.owner OR r.expires_at <= %(now)s"
         )
-        self._complete_own = (
-            sql.SQL(
-                "UPDATE {t} SET state = 'completed', expires_at = %s"
-                " WHERE key = %s AND owner = %s AND state = 'in_progress'"
-            )
-            .format(t=t)
-            .as_string(None)
+        self._complete_own = statement(
+            "UPDATE {t} SET state = 'completed', expires_at = %s"
+            " WHERE key = %s AND owner = %s AND state = 'in_progress'"
         )
-        self._release = (
-            sql.SQL("DELETE FROM {t} WHERE key = %s AND owner = %s AND state = 'in_progress'")
-            .format(t=t)
-            .as_string(None)
+        self._release = statement(
+            "DELETE FROM {t} WHERE key = %s AND owner = %s AND state = 'in_progress'"
         )
-        self._get = (
-            sql.SQL("SELECT state, owner, digest, expires_at FROM {t} WHERE key = %s")
-            .format(t=t)
-            .as_string(None)
-        )
-        self._purge = (
-            sql.SQL(
-                "DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE expires_at <= %s"
-                " ORDER BY expires_at LIMIT {n} FOR UPDATE SKIP LOCKED)"
-            )
-            .format(t=t, n=sql.Literal(PURGE_BATCH))
-            .as_string(None)
+        self._get = statement("SELECT state, owner, digest, expires_at FROM {t} WHERE key = %s")
+        self._purge = statement(
+            "DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE expires_at <= %s"
+            " ORDER BY expires_at LIMIT {n} FOR UPDATE SKIP LOCKED)"
         )
         self._lock = threading.Lock()  # guards _claims
         self._claims = 0
@@ -244,8 +221,9 @@ class PostgresStore:
             raise self._error(exc) from exc
 
     def _execute(self, query: str, params: Any) -> list[tuple[Any, ...]]:
-        with self._connection() as db, self._watchdog.watching(db):
-            cursor = db.execute(query, params)
+        """The rows ``query`` returned; for one that returns none, [(rows it changed,)]."""
+        with self._connection() as db:
+            cursor = self._run(db, query, params)
             return cursor.fetchall() if cursor.description else [(cursor.rowcount,)]
 
     # -- the Store protocol ----------------------------------------------------------------
@@ -321,6 +299,7 @@ class PostgresStore:
             self._pool.putconn(db)  # a broken connection is dropped, not reused
 
     def _run(self, db: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
+        """One statement of the store's, watched, its errors a StoreError."""
         try:
             with self._watchdog.watching(db):
                 return db.execute(query, params)
@@ -357,9 +336,7 @@ def _create(db: psycopg.Connection[Any], table: tuple[str, ...]) -> None:
             " owner text NOT NULL,"  # one claim of one message
             " digest text NOT NULL,"  # hash of the body
             " expires_at double precision NOT NULL)"  # epoch seconds: lease end, or TTL
-        )
-        .format(t=t)
-        .as_string(None)
+        ).format(t=t)
     )
     db.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (expires_at)").format(i=index, t=t))
 
