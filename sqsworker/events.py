@@ -58,10 +58,16 @@ class Observer:
         """Non-retryable failure: moved to ``dead_letter``, or kept when there is none."""
 
     def rejected_copy_failed(
-        self, message: Message, error: BaseException, duration: float, retry_in: float
+        self,
+        message: Message,
+        error: BaseException,
+        duration: float,
+        retry_in: float,
+        last_attempt: bool,
     ) -> None:
         """Rejected, but its copy to the dead-letter queue failed: it comes back in
-        ``retry_in`` seconds and is rejected again."""
+        ``retry_in`` seconds and is rejected again, or, on its ``last_attempt``, SQS
+        moves it to the dead-letter queue on its next receive."""
 
     def handler_skipped(self, message: Message, reason: str) -> None:
         """A held message was not run (its lease was lost while it waited)."""
@@ -190,9 +196,16 @@ class Tally(Observer):
             self._add("dead_lettered")
 
     def rejected_copy_failed(
-        self, message: Message, error: BaseException, duration: float, retry_in: float
+        self,
+        message: Message,
+        error: BaseException,
+        duration: float,
+        retry_in: float,
+        last_attempt: bool,
     ) -> None:
         self._add("rejected")
+        if last_attempt:
+            self._add("dead_lettered")
 
     def handler_skipped(self, message: Message, reason: str) -> None:
         self._add("skipped")

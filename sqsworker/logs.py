@@ -197,11 +197,21 @@ class LogObserver(Observer):
             )
 
     def rejected_copy_failed(
-        self, message: Message, error: BaseException, duration: float, retry_in: float
+        self,
+        message: Message,
+        error: BaseException,
+        duration: float,
+        retry_in: float,
+        last_attempt: bool,
     ) -> None:
+        then = (
+            "SQS moves it to the dead-letter queue on its next receive (its last), without "
+            "the error attributes"
+            if last_attempt
+            else "it comes back after the backoff and is rejected again"
+        )
         self._for(message, with_body=True).error(
-            "handler rejected the message, but its copy to the dead-letter queue failed; "
-            "it comes back after the backoff and is rejected again",
+            f"handler rejected the message, but its copy to the dead-letter queue failed; {then}",
             error=_error(error),
             retry_in=round(retry_in, 1),
         )

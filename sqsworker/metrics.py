@@ -277,10 +277,17 @@ class Metrics(Observer):
         self._late_deletes.inc()
 
     def rejected_copy_failed(
-        self, message: Message, error: BaseException, duration: float, retry_in: float
+        self,
+        message: Message,
+        error: BaseException,
+        duration: float,
+        retry_in: float,
+        last_attempt: bool,
     ) -> None:
         self.messages_rejected.labels(**self.labels, exception=type(error).__name__).inc()
         self.duration.labels(**self.labels, outcome="rejected").observe(duration)
+        if last_attempt:
+            self.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
 
     def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:
         self._extensions.inc(len(messages))

@@ -510,8 +510,7 @@ class Worker:
         assert self.keeper is not None
         message = held.message
         self._release_claim(message)
-        limit = self.transport.info.max_receive_count
-        last = limit is not None and message.receive_count >= limit
+        last = self._last_attempt(message)
         if last:
             delay = 0.0  # the next receive moves it to the dead-letter queue: no need to wait
         elif delay is None:
@@ -522,6 +521,11 @@ class Worker:
             self.observer.handler_retry_requested(message, exc, duration, delay, last)
         else:
             self.observer.handler_failed(message, exc, duration, delay, last)
+
+    def _last_attempt(self, message: Message) -> bool:
+        """True when SQS moves the message to the dead-letter queue on its next receive."""
+        limit = self.transport.info.max_receive_count
+        return limit is not None and message.receive_count >= limit
 
     def _reject(self, held: Held, exc: BaseException, started: float) -> None:
         """A non-retryable failure: to the dead-letter queue now, or kept if there is none."""
@@ -542,9 +546,10 @@ class Worker:
             send_all(dlq, [_dead_letter_copy(message, exc)])
         except (TransportError, StartupError) as error:
             self.observer.request_failed("SendMessageBatch", _as_transport_error(error))
-            retry_in = self.backoff.delay(message.receive_count)
+            last = self._last_attempt(message)
+            retry_in = 0.0 if last else self.backoff.delay(message.receive_count)
             self.keeper.release(held, retry_in, "retry")
-            self.observer.rejected_copy_failed(message, exc, duration, retry_in)
+            self.observer.rejected_copy_failed(message, exc, duration, retry_in, last)
             return
         # At once: until this delete, a crash leaves the original to be copied again.
         self.keeper.succeed(held, urgent=True)

@@ -494,7 +494,12 @@ class Recorder(Observer):
         self._trouble(message, "retry requested")
 
     def rejected_copy_failed(
-        self, message: Message, error: BaseException, duration: float, retry_in: float
+        self,
+        message: Message,
+        error: BaseException,
+        duration: float,
+        retry_in: float,
+        last_attempt: bool,
     ) -> None:
         self._trouble(message, "rejected, not moved")
 

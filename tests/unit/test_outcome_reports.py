@@ -227,3 +227,29 @@ def test_console_tracebacks_show_no_local_variables(
         logging.getLogger().handlers = []
     assert "Traceback" in stream.getvalue() and "declined (11 digits)" in stream.getvalue()
     assert "4111-SECRET" not in stream.getvalue()
+
+
+def test_a_rejection_whose_copy_fails_on_its_last_receive_is_reported_dead_lettered(
+    memory: MemorySQS, clock: FakeClock, metrics: Metrics, json_logs: io.StringIO
+) -> None:
+    def handler(message: Message) -> None:
+        raise Reject("card declined")
+
+    rig = Rig(
+        memory,
+        clock,
+        handler,
+        max_receive_count=2,
+        observers=[metrics, LogObserver("tests.handler")],
+    )
+    rig.send("x")
+    memory.inject_fault("SendMessageBatch", unavailable(), times=1000)
+    rig.worker.start()
+    rig.advance_until(lambda: rig.dlq is not None and rig.dlq.counts().total == 1)
+    assert rig.stop() == 0
+    assert rig.queue.counts().total == 0  # SQS moved it on the receive after its last
+    assert rig.count("rejected") == 2 and rig.count("dead_lettered") == 1
+    name = "sqsworker_messages_dead_lettered_total"
+    assert sample(metrics, name, reason="max_receives") == 1
+    last = [line for line in lines(json_logs) if "copy to the dead-letter" in line["event"]][-1]
+    assert "on its next receive" in last["event"] and last["retry_in"] == 0
