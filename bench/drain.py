@@ -1,9 +1,14 @@
-"""``python -m bench.drain noop|sleep100 MESSAGES [--latency-ms MS]``: one drain, as JSON.
+"""``python -m bench.drain noop|sleep100|sleepN MESSAGES [--latency-ms MS] [--concurrency C]``:
+one drain, as JSON.
 
-A worker (concurrency 16, burst mode) drains MESSAGES from the in-memory SQS, optionally
-behind ``Latency``; prints msg/s (from the start to the last delete), SQS requests per
-message, and the folder sqsworker was imported from. ``bench.versus`` runs it against two
-versions of sqsworker, so it uses only API that both have.
+A worker (concurrency 16 unless told, burst mode) drains MESSAGES from the in-memory SQS,
+optionally behind ``Latency``; prints msg/s (from the start to the last delete), SQS
+requests per message, seconds from the last delete to the worker's exit, and the folder
+sqsworker was imported from. ``sleepN`` handlers sleep N ms. ``--idle S`` instead runs a
+worker (not in burst mode, default --wait-time) on an empty queue for S seconds, then stops
+it: requests per minute, and seconds from the stop request to the exit. ``bench.versus``
+and ``bench.grid`` run it against two versions of sqsworker, so it uses only API that
+both have.
 """
 
 from __future__ import annotations
@@ -35,12 +40,29 @@ def sleep100(message: Message) -> None:
 HANDLERS: dict[str, Callable[[Message], None]] = {"noop": noop, "sleep100": sleep100}
 
 
+def handler_named(name: str) -> Callable[[Message], None]:
+    if name in HANDLERS:
+        return HANDLERS[name]
+    if name.startswith("sleep") and name[5:].isdigit():
+        seconds = int(name[5:]) / 1000
+
+        def sleeper(message: Message) -> None:
+            time.sleep(seconds)
+
+        return sleeper
+    raise SystemExit(f"unknown handler {name!r}: noop, or sleepN for N ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("handler", choices=HANDLERS)
+    parser.add_argument("handler")
     parser.add_argument("messages", type=int)
     parser.add_argument("--latency-ms", type=float, default=0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--idle", type=float, default=0, help="seconds on an empty queue")
     args = parser.parse_args()
+    if args.idle:
+        return idle(args.idle, args.latency_ms)
 
     memory = MemorySQS()
     memory.create_queue("drain")
@@ -49,16 +71,41 @@ def main() -> None:
     before = Counter(memory.requests)
     transport: Transport = Latency(queue, args.latency_ms / 1000) if args.latency_ms else queue
     config = WorkerConfig(
-        queue="drain", concurrency=16, wait_time=1, burst=True, visibility_timeout=30
+        queue="drain",
+        concurrency=args.concurrency,
+        wait_time=1,
+        burst=True,
+        visibility_timeout=30,
     )
     finish = Finish(args.messages)
     started = time.perf_counter()
-    Worker(HANDLERS[args.handler], config, transport=transport, observer=finish).run()
+    Worker(handler_named(args.handler), config, transport=transport, observer=finish).run()
+    ended = time.perf_counter()
     assert finish.at is not None, "not every message was deleted"
     requests = sum((memory.requests - before).values())
     result = {
         "rate": args.messages / (finish.at - started),
         "requests_per_message": requests / args.messages,
+        "exit_after_last_delete": ended - finish.at,
+        "sqsworker": str(Path(sqsworker.__file__).parent),
+    }
+    print(json.dumps(result))
+
+
+def idle(seconds: float, latency_ms: float) -> None:
+    memory = MemorySQS()
+    memory.create_queue("idle")
+    queue = memory.transport("idle")
+    transport: Transport = Latency(queue, latency_ms / 1000) if latency_ms else queue
+    worker = Worker(noop, WorkerConfig(queue="idle"), transport=transport)
+    worker.start()
+    time.sleep(seconds)
+    stop = time.perf_counter()
+    worker.request_stop()
+    worker.shutdown()
+    result = {
+        "requests_per_minute": sum(memory.requests.values()) / seconds * 60,
+        "stop_to_exit": time.perf_counter() - stop,
         "sqsworker": str(Path(sqsworker.__file__).parent),
     }
     print(json.dumps(result))

@@ -172,7 +172,7 @@ class WorkerConfig:
     stall_timeout: float = field(
         default=120.0,
         metadata=_option(
-            "Seconds past its expected length after which an SQS call or a pause of the "
+            "Seconds past its expected length after which an SQS call or a pass of a "
             "receive or lease thread counts as stuck, failing /healthz.",
             _parse_float,
         ),

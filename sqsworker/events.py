@@ -109,6 +109,9 @@ class Observer:
 
     def shutdown_started(self, waiting: int, running: int) -> None: ...
 
+    def receives_awaited(self, receives: int, seconds: float) -> None:
+        """Shutdown waits for ``receives`` long polls under way, ending within ``seconds``."""
+
     def shutdown_finished(self, clean: bool, handed_back: int, unsettled: int) -> None: ...
 
     def burst_finished(self) -> None: ...

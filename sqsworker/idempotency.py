@@ -383,13 +383,15 @@ class ClaimKeeper:
         looks: list[float] = []
         for t in tracked:
             lease = t.message.lease
-            if t.claim.committed or t.claim.settled or lease.lost:
-                done.append(t)  # a lost lease is not renewed: its claim lapses by itself
+            # A lost lease's claim lapses by itself, once SQS cannot still hide the
+            # message from others (a renewal whose answer was lost may have been applied).
+            left = getattr(lease, "may_hold_for", 0.0) if lease.lost else lease.seconds_left
+            if t.claim.committed or t.claim.settled or (lease.lost and left <= 0):
+                done.append(t)
                 continue
             if now < t.retry_at:
                 looks.append(t.retry_at)
                 continue
-            left = lease.seconds_left
             if not math.isfinite(left):
                 continue  # a lease with no end (a message built by hand)
             p = plan(t.stored, left, wall, self.margin)

@@ -13,6 +13,11 @@ Timing:
 - deletes and returns wait at most ``delete_interval`` to fill a batch of 10;
   hand-backs at shutdown go at once.
 
+The lease thread decides; a few sender threads make the calls, so a slow
+``DeleteMessageBatch`` never holds up a renewal that is due. While a call about
+a receipt handle is under way (the message is *busy*), no other call about it
+starts: a return can never overtake the renewal before it.
+
 A lease runs out at ``expires_at``, counted from the start of the request that
 set it (the receive, or the last renewal): SQS's own countdown starts later, so
 this is never later than SQS's. Whatever the state, a lease past ``expires_at``
@@ -27,8 +32,9 @@ from __future__ import annotations
 import enum
 import math
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .clock import Clock, Task
 from .config import MAX_VISIBILITY
@@ -41,6 +47,7 @@ from .transports import MAX_BATCH, BatchResult, Envelope, Transport, chunks
 CAP_MARGIN = 30.0  # never ask for visibility closer than this to the 12-hour cap
 NEAR_CAP = 1800.0  # warn once when less than this much of the cap remains
 RETRY_AFTER_ERROR = 1.0  # seconds before a failed call's entries are tried again
+MAX_SENDERS = 16  # calls to SQS under way at once, at most
 
 
 class State(enum.Enum):
@@ -60,6 +67,9 @@ class Held:
         self.received_at = received_at  # when the receive began: the 12-hour cap counts from it
         self.timeout = timeout
         self.expires_at = received_at + timeout
+        # The latest SQS may hide the message under this handle: a renewal whose answer
+        # was lost may have been applied, so past expires_at, SQS may still hold it.
+        self.sqs_until = self.expires_at
         self.renew_at = received_at + timeout / 2
         self.state = State.WAITING
         self.disowned = False  # SQS said this receipt handle no longer owns the message
@@ -67,6 +77,7 @@ class Held:
         self.near_cap_warned = False
         self.outcome: str | None = None  # "delete" or "return", once one is queued
         self.handed_back = False  # returned while its handler still ran (shutdown timeout)
+        self.busy = False  # a call about its receipt handle is under way
         self.message = Message(envelope, keeper.transport.info.name, self)
 
     # -- the Lease protocol ------------------------------------------------------
@@ -81,6 +92,15 @@ class Held:
     def lost(self) -> bool:
         """Another consumer may have the message: SQS's lease ran out or was given back."""
         return self.state is State.LOST or self.handed_back
+
+    @property
+    def may_hold_for(self) -> float:
+        """Seconds SQS may still hide the message under this handle, at most: past a lost
+        lease too, while a renewal whose answer was lost may have been applied. (An
+        idempotency claim outlives this, not only ``seconds_left``.)"""
+        if self.disowned or self.handed_back or self.state is State.DONE:
+            return 0.0
+        return max(0.0, self.sqs_until - self.keeper.clock.monotonic())
 
     @property
     def gone(self) -> bool:
@@ -100,6 +120,19 @@ class Snapshot:
     waiting: int
     running: int
     oldest_received_at: float | None  # monotonic; the 12-hour cap counts from it
+
+
+@dataclass
+class _Call:
+    """One batch call for a sender thread: ``ops`` to settle or ``renewals`` to renew."""
+
+    ops: list[_Op] = field(default_factory=list)
+    renewals: list[Held] = field(default_factory=list)
+    seconds: int = 0  # for renewals: the visibility asked
+
+    @property
+    def held(self) -> list[Held]:
+        return [op.held for op in self.ops] + self.renewals
 
 
 @dataclass
@@ -124,6 +157,7 @@ class LeaseKeeper:
         stall_timeout: float = 120.0,
         on_renewed: Callable[[list[Message]], None] | None = None,
         on_released: Callable[[], None] | None = None,
+        senders: int = 2,
     ) -> None:
         self.transport = transport
         self.clock = clock
@@ -144,10 +178,17 @@ class LeaseKeeper:
         self._give_up_at: float | None = None
         self._thread: Task | None = None
         self._finished = False  # the thread has returned
+        self._calls: deque[_Call] = deque()  # for the sender threads
+        self._under_way = 0  # calls queued or being made
+        self._senders = [Progress(clock) for _ in range(max(1, min(senders, MAX_SENDERS)))]
+        self._senders_alive = 0
 
     # -- called by the worker's threads -------------------------------------------
 
     def start(self) -> None:
+        self._senders_alive = len(self._senders)
+        for index, progress in enumerate(self._senders):
+            self.clock.spawn(f"sqsworker-lease-sender-{index}", lambda p=progress: self._send(p))
         self._thread = self.clock.spawn("sqsworker-lease", self._run)
 
     def add(self, envelopes: Sequence[Envelope], received_at: float, timeout: int) -> list[Held]:
@@ -240,7 +281,12 @@ class LeaseKeeper:
             return sum(h.state is State.SETTLING for h in self._held.values())
 
     def alive(self) -> bool:
-        return self._thread is not None and not self._finished
+        with self._lock:
+            return self._thread is not None and not self._finished and self._senders_alive > 0
+
+    def overdue(self) -> float:
+        """Seconds the lease thread or a sender is past its step's allowance (for /healthz)."""
+        return max(p.overdue() for p in [self.progress, *self._senders])
 
     def snapshot(self) -> Snapshot:
         """What is held now, for the metrics: counts by state and the oldest receive."""
@@ -289,7 +335,7 @@ class LeaseKeeper:
             for op in self._ops:
                 op.urgent = True
             self._wake.notify_all()
-            while self._thread is not None and not self._finished:
+            while self._thread is not None and (not self._finished or self._senders_alive):
                 self.clock.wait(self._wake, None)
             return len(self._ops)
 
@@ -319,40 +365,83 @@ class LeaseKeeper:
             self._loop()
         finally:
             with self._wake:
-                self._finished = True
+                self._finished = True  # the senders end once the calls under way are made
                 self._wake.notify_all()
 
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while True:
-                    now = self.clock.monotonic()
-                    lapsed = self._expire(now)
-                    ops, renewals = self._due(now)
-                    if ops or renewals or lapsed:
-                        break
-                    if self._stopping and (not self._ops or self._gave_up(now)):
+                now = self.clock.monotonic()
+                lapsed = self._expire(now)
+                ops, renewals = self._due(now)
+                if ops or renewals:
+                    self._hand_out(ops, renewals)
+                elif not lapsed:
+                    gave_up = self._gave_up(now)
+                    if self._stopping and not self._under_way and (not self._ops or gave_up):
                         return
                     self.progress.idle()
-                    self.clock.wait(self._wake, self._next_deadline(now))
-            self.progress.step(self.stall_timeout)
-            try:
-                self._settle(ops)
-                self._renew(renewals)
-            except Exception as exc:  # never let the lease thread die: every lease hangs on it
-                self.observer.request_failed("lease thread", TransportError(repr(exc)))
-                with self._lock:
-                    unsettled = [
-                        op for op in ops if op.held.state is not State.DONE and op not in self._ops
-                    ]
-                self._retry(unsettled)
-                with self._lock:
-                    for held in renewals:
-                        held.renew_at = self.clock.monotonic() + RETRY_AFTER_ERROR
-            with self._wake:
-                self._wake.notify_all()  # wake extend() callers waiting on a renewal
-            if self.on_released is not None and (ops or lapsed):
+                    # Past giving up, only the answers of the calls under way are awaited.
+                    self.clock.wait(self._wake, None if gave_up else self._next_deadline(now))
+                    self.progress.step(self.stall_timeout)
+            if lapsed and self.on_released is not None:
                 self.on_released()  # room for more messages under the held bound
+
+    def _hand_out(self, ops: list[_Op], renewals: list[Held]) -> None:
+        """Queue the batch calls for the senders; their messages are busy until answered."""
+        calls = [_Call(ops=batch) for batch in chunks([op for op in ops if op.action == "delete"])]
+        calls += [_Call(ops=batch) for batch in chunks([op for op in ops if op.action == "return"])]
+        calls += self._renewal_calls(renewals)
+        for call in calls:
+            for held in call.held:
+                held.busy = True
+            self._calls.append(call)
+        self._under_way += len(calls)
+        self._wake.notify_all()
+
+    def _send(self, progress: Progress) -> None:
+        """A sender thread: make the calls the lease thread queued, one at a time."""
+        try:
+            while True:
+                with self._wake:
+                    while not self._calls and not self._finished:
+                        progress.idle()
+                        self.clock.wait(self._wake, None)
+                    if not self._calls:
+                        return
+                    call = self._calls.popleft()
+                progress.step(self.stall_timeout)
+                self._make(call)
+                progress.idle()
+        finally:
+            with self._wake:
+                self._senders_alive -= 1
+                self._wake.notify_all()
+
+    def _make(self, call: _Call) -> None:
+        try:
+            if call.ops:
+                self._settle(call.ops)
+            else:
+                self._renew_batch(call.renewals, call.seconds)
+        except Exception as exc:  # never let a sender die: every lease hangs on them
+            self.observer.request_failed("lease thread", TransportError(repr(exc)))
+            with self._lock:
+                unsettled = [
+                    op for op in call.ops if op.held.state is not State.DONE and op not in self._ops
+                ]
+            self._retry(unsettled)
+            with self._lock:
+                for held in call.renewals:
+                    held.renew_at = self.clock.monotonic() + RETRY_AFTER_ERROR
+        finally:
+            with self._wake:
+                for held in call.held:
+                    held.busy = False
+                self._under_way -= 1
+                self._wake.notify_all()  # the lease thread, and extend() callers waiting
+        if call.ops and self.on_released is not None:
+            self.on_released()  # room for more messages under the held bound
 
     def _gave_up(self, now: float) -> bool:
         return self._give_up_at is not None and now >= self._give_up_at
@@ -377,15 +466,17 @@ class LeaseKeeper:
 
     def _due(self, now: float) -> tuple[list[_Op], list[Held]]:
         self._prune()
-        ready = [op for op in self._ops if op.not_before <= now]
-        flush = (
-            any(op.urgent for op in ready)
-            or len(ready) >= MAX_BATCH
-            or any(self._send_by(op) <= now for op in ready)
-        )
-        ops = ready if flush else []
+        ready = [op for op in self._ops if op.not_before <= now and not op.held.busy]
+        if any(op.urgent or self._send_by(op) <= now for op in ready):
+            ops = ready
+        else:  # full batches only: the rest wait to fill theirs
+            ops = []
+            for action in ("delete", "return"):
+                some = [op for op in ready if op.action == action]
+                ops += some[: len(some) - len(some) % MAX_BATCH]
         if ops:
-            self._ops = [op for op in self._ops if op not in ops]
+            sent = {id(op) for op in ops}
+            self._ops = [op for op in self._ops if id(op) not in sent]
         renewable = self._renewable(settling_now=ops)
         renewals: list[Held] = []
         if any(h.renew_at <= now for h in renewable):
@@ -420,14 +511,15 @@ class LeaseKeeper:
         return [
             h
             for h in self._held.values()
-            if id(h) not in skip and h.state in _LIVE and h.renew_at < math.inf
+            if id(h) not in skip and h.state in _LIVE and h.renew_at < math.inf and not h.busy
         ]
 
     def _next_deadline(self, now: float) -> float | None:
         """The earliest moment ``_due`` or ``_expire`` can find work: exactly their rules."""
-        deadlines = [
+        deadlines = [  # a busy message's op waits for its call's answer, which wakes this
             op.not_before if op.urgent else max(op.not_before, self._send_by(op))
             for op in self._ops
+            if not op.held.busy
         ]
         deadlines += [h.renew_at for h in self._renewable()]
         deadlines += [h.expires_at for h in self._held.values() if h.state in _LIVE]
@@ -437,10 +529,9 @@ class LeaseKeeper:
 
     # -- SQS calls, made outside the lock --------------------------------------------
 
-    def _settle(self, ops: list[_Op]) -> None:
-        deletes = [op for op in ops if op.action == "delete"]
-        returns = [op for op in ops if op.action == "return"]
-        for batch in chunks(deletes):
+    def _settle(self, batch: list[_Op]) -> None:
+        """One batch of deletes, or of returns."""
+        if batch[0].action == "delete":
             self._call(
                 "DeleteMessageBatch",
                 batch,
@@ -448,7 +539,7 @@ class LeaseKeeper:
                     [(str(i), op.held.envelope.receipt_handle) for i, op in enumerate(b)]
                 ),
             )
-        for batch in chunks(returns):
+        else:
             self._call(
                 "ChangeMessageVisibilityBatch",
                 batch,
@@ -547,25 +638,25 @@ class LeaseKeeper:
         budget = MAX_VISIBILITY - (self.clock.monotonic() - held.received_at) - CAP_MARGIN
         return max(0, min(seconds, math.floor(budget)))
 
-    def _renew(self, renewals: list[Held]) -> None:
+    def _renewal_calls(self, renewals: list[Held]) -> list[_Call]:
+        """The renewal calls for ``renewals``, grouped by the visibility asked. Lock held."""
         by_timeout: dict[int, list[Held]] = {}
-        with self._wake:
-            for held in renewals:
-                if held.state not in _LIVE:  # settled or lost since the pass began
-                    continue
-                seconds = self._capped(held, held.timeout)
-                budget = MAX_VISIBILITY - (self.clock.monotonic() - held.received_at)
-                if budget < NEAR_CAP and not held.near_cap_warned:
-                    held.near_cap_warned = True
-                    self.observer.lease_near_cap(held.message, budget)
-                if seconds < 1:
-                    held.renew_at = math.inf  # at the cap: it will expire and come back
-                    self._wake.notify_all()  # an extend() waiting for a renewal returns
-                    continue
-                by_timeout.setdefault(seconds, []).append(held)
-        for seconds, group in by_timeout.items():
-            for batch in chunks(group):
-                self._renew_batch(batch, seconds)
+        for held in renewals:
+            seconds = self._capped(held, held.timeout)
+            budget = MAX_VISIBILITY - (self.clock.monotonic() - held.received_at)
+            if budget < NEAR_CAP and not held.near_cap_warned:
+                held.near_cap_warned = True
+                self.observer.lease_near_cap(held.message, budget)
+            if seconds < 1:
+                held.renew_at = math.inf  # at the cap: it will expire and come back
+                self._wake.notify_all()  # an extend() waiting for a renewal returns
+                continue
+            by_timeout.setdefault(seconds, []).append(held)
+        return [
+            _Call(renewals=list(batch), seconds=seconds)
+            for seconds, group in by_timeout.items()
+            for batch in chunks(group)
+        ]
 
     def _renew_batch(self, batch: Sequence[Held], seconds: int) -> None:
         started = self.clock.monotonic()
@@ -576,8 +667,11 @@ class LeaseKeeper:
         except TransportError as exc:
             self.observer.request_failed("ChangeMessageVisibilityBatch", exc)
             with self._lock:
+                failed_at = self.clock.monotonic()
                 for held in batch:
                     held.renew_at = started + RETRY_AFTER_ERROR
+                    if exc.retryable:  # SQS may have acted before the answer was lost
+                        held.sqs_until = max(held.sqs_until, failed_at + seconds)
             return
         failures = {f.id: f for f in result.failed}
         extended: list[Message] = []
@@ -592,6 +686,7 @@ class LeaseKeeper:
                     continue
                 if failure is None:
                     held.expires_at = started + seconds
+                    held.sqs_until = max(held.sqs_until, held.expires_at)
                     held.renew_at = started + seconds / 2
                     held.renewals += 1
                     extended.append(held.message)

@@ -102,7 +102,6 @@ class LogObserver(Observer):
         self.log = logger or structlog.get_logger("sqsworker")
         self.log_bodies = log_bodies
         self.max_receive_count: int | None = None
-        self.wait_time: int | None = None
 
     def _for(self, message: Message, with_body: bool = False) -> Any:
         log = self.log.bind(**message.log_context, handler=self.handler)
@@ -112,7 +111,6 @@ class LogObserver(Observer):
 
     def worker_started(self, info: QueueInfo, config: WorkerConfig) -> None:
         self.max_receive_count = info.max_receive_count
-        self.wait_time = config.wait_time
         self.log.info(
             "worker started",
             queue=info.name,
@@ -281,13 +279,15 @@ class LogObserver(Observer):
         self.log.warning("idempotency store call failed", operation=operation, error=str(error))
 
     def shutdown_started(self, waiting: int, running: int) -> None:
-        # A long poll under way is waited out (its messages are handed back, not
-        # stranded): say so, or a quiet stop of up to --wait-time looks like a hang.
+        self.log.info("shutting down", handing_back=waiting, running=running)
+
+    def receives_awaited(self, receives: int, seconds: float) -> None:
+        # Said, or a quiet stop of up to --wait-time looks like a hang.
         self.log.info(
-            "shutting down",
-            handing_back=waiting,
-            running=running,
-            long_poll_ends_within=self.wait_time,
+            "waiting for the receives under way to end; what they return is handed back "
+            "(a receive cut short would leave its messages invisible)",
+            receives=receives,
+            ends_within=f"{max(0.0, seconds):.0f}s",
         )
 
     def shutdown_finished(self, clean: bool, handed_back: int, unsettled: int) -> None:

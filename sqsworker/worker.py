@@ -1,22 +1,28 @@
-"""The worker: a receive thread, a pool of handler threads, and the lease thread.
+"""The worker: receive threads, a pool of handler threads, and the lease thread.
 
-Flow of one message: the receive thread long-polls (only while fewer than
+Flow of one message: a receive thread long-polls (only while fewer than
 ``concurrency + prefetch`` messages are held), hands the message to the lease
 thread, which keeps its visibility alive from that moment, and queues it for a
 handler thread. The handler's outcome goes back to the lease thread: delete on
 success, a delayed return on failure. The worker owns no signals; ``cli.py``
 does, so a ``Worker`` can run embedded in another program.
+
+Receives: one long poll while the queue is idle; while receives come back full,
+more at once (one receive thread per ten messages of capacity), each asking for
+as many as the room left. A receive waits for room for a full batch, unless
+handler threads would otherwise sit idle: then it asks for what fits.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 from typing import TYPE_CHECKING
 
 import structlog
 
-from .clock import Clock, SystemClock, Task
+from .clock import Clock, SystemClock
 from .config import WorkerConfig
 from .errors import KeyConflict, Reject, Retry, StartupError, StoreError, TransportError
 from .events import Observer, Observers
@@ -33,6 +39,8 @@ if TYPE_CHECKING:
     from .stores import Store
 
 IDLE_PAUSE = 1.0  # between empty receives when --wait-time is 0
+BURST_WAIT = 1  # long-poll seconds in burst mode: an empty queue ends the run promptly
+MAX_POLLS = 32  # receives under way at once, at most
 MAX_ATTRIBUTES = 10  # SQS's limit of message attributes per message
 
 
@@ -59,13 +67,21 @@ class Worker:
         self.idempotency: Idempotency | None = None
         self._dead_letter_queue: Transport | None = None
         self.capacity = self.config.concurrency + self.config.prefetch
-        # At most this many held: the capacity waiting or running, and one delete batch
-        # through its handler whose delete or return is not answered yet.
-        self.held_bound = self.capacity + MAX_BATCH
+        self.batch = min(MAX_BATCH, self.capacity)  # a receive waits for room for this many
+        # One receive thread per batch of capacity: all of it can be asked for at once.
+        self.pollers = max(1, min(MAX_POLLS, math.ceil(self.capacity / MAX_BATCH)))
+        # Calls to delete, return or renew under way at once: one per batch of capacity.
+        self.senders = max(2, min(16, math.ceil(self.capacity / MAX_BATCH)))
+        # Through their handler, their delete or return not answered yet: this many are
+        # held beyond the capacity (a batch per sender), and no more. Deletes failing for a
+        # while must not let held messages pile up.
+        self.unanswered = MAX_BATCH * self.senders
+        self.held_bound = self.capacity + self.unanswered
 
         self._stopping = threading.Event()  # set once: no more receives
-        # _slots guards _pending, _deferred, _unfinished, _closing, _receiver_done and
-        # _handlers_alive; handler threads wait on it.
+        # _slots guards _pending, _deferred, _unfinished, _closing, the receives' state
+        # (_polls, _asked, _flowing, _polls_began, _pollers_alive) and _handlers_alive;
+        # handler and receive threads wait on it.
         self._slots = threading.Condition()
         # Received, waiting for a handler thread: one line, or one lane per FIFO group.
         self._pending: Line | Lanes = Line()
@@ -73,10 +89,18 @@ class Worker:
         # Duplicates whose key is busy elsewhere: held (leases kept), looked at again then.
         self._deferred: list[tuple[float, Held]] = []
         self._closing = False  # handler threads exit when _pending is empty
-        self._receiver: Task | None = None
-        self._receiver_done = False
+        self._polls = 0  # receives under way
+        self._asked = 0  # messages they asked for: room taken until they are answered
+        self._flowing = False  # the last receive came back full: more may run at once
+        self._polls_began: dict[int, float] = {}  # by receive thread: when its receive began
+        self._paused_until = -math.inf  # no receive starts before (after a failure, idle)
+        self._failures = 0  # receives failed in a row
+        # FIFO receives that failed: the next receives reuse their ids, and so get their
+        # messages back instead of leaving a lost response's messages invisible.
+        self._failed_attempts: list[str] = []
+        self._pollers_alive = 0
         self._handlers_alive = 0
-        self._receiving = Progress(self.clock)  # read by /healthz
+        self._receiving = [Progress(self.clock) for _ in range(self.pollers)]  # for /healthz
         self._started = False
         self.keeper: LeaseKeeper | None = None
 
@@ -100,9 +124,9 @@ class Worker:
         return Health(
             started=self._started,
             stopping=self._stopping.is_set(),
-            receiver_overdue=self._receiving.overdue(),
-            lease_overdue=self.keeper.progress.overdue() if self.keeper else 0.0,
-            receiver_alive=self._receiver is not None and self._receiver.is_alive(),
+            receiver_overdue=max(p.overdue() for p in self._receiving),
+            lease_overdue=self.keeper.overdue() if self.keeper else 0.0,
+            receiver_alive=self._pollers_alive == self.pollers,
             lease_alive=self.keeper is not None and self.keeper.alive(),
             handlers_alive=self._handlers_alive,
             handlers=self.config.concurrency,
@@ -124,7 +148,7 @@ class Worker:
                 self.config.queue,
                 endpoint_url=self.config.endpoint_url,
                 region=self.config.region,
-                max_connections=self.config.concurrency + 4,
+                max_connections=self.config.concurrency + self.pollers + self.senders + 2,
             )
         if self.transport.info.fifo:
             self._pending = Lanes()
@@ -142,13 +166,16 @@ class Worker:
             stall_timeout=self.config.stall_timeout,
             on_renewed=claims.wake if claims else None,
             on_released=self._room_changed,
+            senders=self.senders,
         )
         self.keeper.start()
         self._handlers_alive = self.config.concurrency
         for index in range(self.config.concurrency):
             self.clock.spawn(f"sqsworker-handler-{index}", self._work)
         self.observer.worker_started(self.transport.info, self.config)
-        self._receiver = self.clock.spawn("sqsworker-receiver", self._receive_loop)
+        self._pollers_alive = self.pollers
+        for index in range(self.pollers):
+            self.clock.spawn(f"sqsworker-receiver-{index}", lambda i=index: self._receive_loop(i))
         self._started = True
 
     def _open_idempotency(self) -> Idempotency | None:
@@ -187,11 +214,11 @@ class Worker:
 
     def shutdown(self) -> int:
         """Stop without losing or stranding a message. Returns 0 if every handler finished."""
-        assert self.keeper is not None and self._receiver is not None
+        assert self.keeper is not None
         deadline = self.clock.monotonic() + self.config.shutdown_timeout
 
         # 1. Stop receiving. A long poll already under way ends by itself (within
-        #    --wait-time): the receive thread hands whatever it returns straight back.
+        #    --wait-time): its receive thread hands whatever it returns straight back.
         self._stopping.set()
         with self._slots:
             waiting = self._pending.drain() + [held for _, held in self._deferred]
@@ -215,11 +242,16 @@ class Worker:
         overdue = [] if clean else self.keeper.running()
         self.keeper.hand_back(overdue)
 
-        # 5. Wait out a long poll still under way, so none of its messages is stranded:
-        #    the receive thread hands them back. A receive is one HTTP attempt, bounded by
-        #    the client's timeouts, so this ends.
+        # 5. Wait out the long polls still under way, so none of their messages is
+        #    stranded: their receive threads hand them back. SQS answers a receive whose
+        #    connection was closed by hiding its messages all the same, so a receive
+        #    cannot be cut short. Each is one HTTP attempt, bounded by the client's
+        #    timeouts, so this ends.
         with self._slots:
-            while not self._receiver_done:
+            if self._polls_began:
+                ends = max(self._polls_began.values()) + self._wait_time()
+                self.observer.receives_awaited(len(self._polls_began), ends - self.clock.monotonic())
+            while self._pollers_alive:
                 self.clock.wait(self._slots, None)
 
         # 6. Flush queued deletes and returns, then stop the lease thread.
@@ -232,57 +264,65 @@ class Worker:
 
     # -- the receive thread --------------------------------------------------------------
 
-    def _receive_loop(self) -> None:
+    def _receive_loop(self, index: int) -> None:
         try:
-            self._receive()
+            self._receive(index, self._receiving[index])
         finally:
             with self._slots:
-                self._receiver_done = True
+                self._pollers_alive -= 1
                 self._slots.notify_all()
 
-    def _receive(self) -> None:
+    def _wait_time(self) -> int:
+        return min(self.config.wait_time, BURST_WAIT) if self.config.burst else self.config.wait_time
+
+    def _receive(self, index: int, progress: Progress) -> None:
         assert self.keeper is not None
-        batch = min(MAX_BATCH, self.capacity)
-        failures = 0
-        attempt_id: str | None = None
         while True:
-            free = self._await_room(batch)
-            if free == 0:
+            asked = self._await_room(progress)
+            if asked == 0:
                 return
             # The leases of what this receive returns count from here: before SQS hid them.
             began = self.clock.monotonic()
-            self._receiving.step(self.config.wait_time + self.config.stall_timeout)
-            if self.transport.info.fifo and attempt_id is None:
-                # A FIFO receive retried with the same id gets the same messages back
-                # instead of leaving a lost response's messages invisible.
-                attempt_id = uuid.uuid4().hex
+            wait = self._wait_time()
+            progress.step(wait + self.config.stall_timeout)
+            with self._slots:
+                self._polls_began[index] = began
+                attempt_id = None
+                if self.transport.info.fifo:
+                    attempt_id = self._failed_attempts.pop() if self._failed_attempts else None
+                    attempt_id = attempt_id or uuid.uuid4().hex
             try:
                 envelopes = self.transport.receive(
-                    min(free, MAX_BATCH),
-                    self.config.wait_time,
-                    self.config.visibility_timeout,
-                    attempt_id,
+                    asked, wait, self.config.visibility_timeout, attempt_id
                 )
             except Exception as exc:  # the loop outlives every error; what it got is safe
-                failures += 1
-                retry_in = min(30.0, 0.5 * 2 ** min(failures, 6))
+                with self._slots:
+                    self._failures += 1
+                    retry_in = min(30.0, 0.5 * 2 ** min(self._failures, 6))
+                    self._paused_until = self.clock.monotonic() + retry_in
+                    if attempt_id is not None:
+                        self._failed_attempts.append(attempt_id)
+                    self._answered(index, asked, full=False)
                 self.observer.receive_failed(_as_transport_error(exc), retry_in)
-                self._pause(retry_in)
                 continue
-            failures = 0
-            attempt_id = None
+            with self._slots:
+                self._failures = 0
             if not envelopes:
+                with self._slots:
+                    if wait == 0:  # no long poll to pace the receives
+                        self._paused_until = self.clock.monotonic() + IDLE_PAUSE
+                    self._answered(index, asked, full=False)
                 self.observer.receive_empty()
                 if self.config.burst and self._queue_is_empty():
                     self.observer.burst_finished()
                     self.request_stop()
                     return
-                if self.config.wait_time == 0:
-                    self._pause(IDLE_PAUSE)
                 continue
             held = self.keeper.add(envelopes, began, self.config.visibility_timeout)
             self.observer.received([h.message for h in held])
             with self._slots:
+                # Room taken by the ask becomes room taken by the messages, in one step.
+                self._answered(index, asked, full=len(held) == asked)
                 if not self._closing:
                     self._pending.add(held)
                     self._unfinished += len(held)
@@ -291,41 +331,60 @@ class Worker:
             self.keeper.hand_back(held)  # shutdown began during the poll
             return
 
-    def _await_room(self, batch: int) -> int:
-        """Wait until a full batch fits under the held-message bound; 0 when stopping.
+    def _answered(self, index: int, asked: int, full: bool) -> None:
+        """A receive ended: its room is free again; more run at once only while full."""
+        with self._slots:
+            self._polls -= 1
+            self._asked -= asked
+            self._flowing = full
+            del self._polls_began[index]
+            self._slots.notify_all()
+
+    def _await_room(self, progress: Progress) -> int:
+        """Wait until a receive is worth making; how many to ask for (0 when stopping).
+
+        One receive at a time while the queue is idle; while receives come back full,
+        up to one per receive thread. Each asks for the room left under the held bound,
+        once that room is a full batch, or sooner when handler threads would otherwise
+        wait with nothing to run.
 
         The bound counts every message held: waiting and running up to the capacity,
-        and beyond one delete batch, those through their handler with their delete or
-        return not yet answered (deletes failing for a while must not let held messages
-        pile up).
+        and beyond a batch per sender, those through their handler with their delete or
+        return not yet answered.
         """
         assert self.keeper is not None
         with self._slots:
-            self._receiving.idle()  # waiting on the handlers is not being stuck
-            while not self._stopping.is_set() and self._room() < batch:
-                if self.capacity - self._unfinished >= batch:
+            progress.idle()  # waiting on the handlers is not being stuck
+            while not self._stopping.is_set():
+                if self.clock.monotonic() < self._paused_until:
+                    self.clock.wait(self._slots, self._paused_until)
+                    continue
+                free = self._room() - self._asked
+                # Handler threads with nothing to run and no receive under way to bring any:
+                # a receive for less than a batch is better than a barrier.
+                starved = self._polls == 0 and self._unfinished < self.config.concurrency
+                worth = free >= self.batch or (free > 0 and starved)
+                if worth and (self._polls == 0 or self._flowing):
+                    asked = min(free, MAX_BATCH)
+                    self._polls += 1
+                    self._asked += asked
+                    return asked
+                if not worth and self.capacity - self._unfinished - self._asked >= self.batch:
                     # Only unanswered deletes and returns stand in the way: send them now
                     # rather than after --delete-interval, so the handlers are not starved.
                     self.keeper.flush()
                 self.clock.wait(self._slots, None)
-            return 0 if self._stopping.is_set() else self._room()
+            return 0
 
     def _room(self) -> int:
         assert self.keeper is not None
-        unanswered = max(0, self.keeper.settling_count() - MAX_BATCH)
+        unanswered = max(0, self.keeper.settling_count() - self.unanswered)
         return self.capacity - self._unfinished - unanswered
 
     def _room_changed(self) -> None:
         """Called by the lease thread when deletes or returns were answered."""
         with self._slots:
             self._slots.notify_all()
-
-    def _pause(self, seconds: float) -> None:
-        self._receiving.step(seconds + self.config.stall_timeout)
-        deadline = self.clock.monotonic() + seconds
-        with self._slots:
-            while not self._stopping.is_set() and self.clock.monotonic() < deadline:
-                self.clock.wait(self._slots, deadline)
 
     def _queue_is_empty(self) -> bool:
         assert self.keeper is not None

@@ -15,7 +15,7 @@ import pytest
 from .world import simulate
 
 SEEDS = 320
-CHUNK = 40  # seeds a test: each test stays far inside the suite's per-test timeout
+CHUNK = 20  # seeds a test: each test stays far inside the suite's per-test timeout
 BASE = int(os.environ.get("SQSWORKER_SIM_BASE", "0"))
 
 

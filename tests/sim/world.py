@@ -160,19 +160,22 @@ def draw(seed: int) -> Schedule:
     marathon = rng.random() < 0.03  # a handler past SQS's 12-hour cap
     if marathon:
         wait, visibility = 20, 3600
+    # Now and then a wide worker: more than ten messages of capacity, so several receives
+    # and several deletes or renewals are under way at once.
+    wide = rng.random() < 0.2
     config = {
         "queue": "jobs",
         "visibility_timeout": visibility,
         "wait_time": wait,
-        "concurrency": rng.randint(1, 3),
-        "prefetch": rng.randint(0, 3),
+        "concurrency": rng.randint(6, 14) if wide else rng.randint(1, 3),
+        "prefetch": rng.randint(0, 10) if wide else rng.randint(0, 3),
         "delete_interval": rng.choice([0.0, 0.2, 1.0]),
         "shutdown_timeout": float(rng.choice([5, 20, 60])),
         "backoff_base": 1.0,
         "backoff_max": 10.0,
     }
     # Now and then a backlog larger than a worker may hold (capacity and a delete batch).
-    count = rng.randint(20, 40) if rng.random() < 0.1 else rng.randint(1, 12)
+    count = rng.randint(20, 40) if wide or rng.random() < 0.1 else rng.randint(1, 12)
     plans: dict[int, Plan] = {}
     for n in range(count):
         kind = rng.choices(

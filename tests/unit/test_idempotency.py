@@ -15,14 +15,14 @@ import structlog
 
 from sqsworker import LeaseLost, Message, Worker, WorkerConfig
 from sqsworker.clock import FakeClock
-from sqsworker.errors import ConfigError, IdempotencyKeyError, StoreError
+from sqsworker.errors import ConfigError, IdempotencyKeyError, StoreError, TransportError
 from sqsworker.events import Tally
 from sqsworker.idempotency import CLAIM_MARGIN, RENEW_BELOW
 from sqsworker.stores import STORE_CALL_LIMIT, Lease, Record, State, open_store
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.stores.sqlite import SQLiteStore
-from sqsworker.transports import OutgoingMessage, send_all
-from sqsworker.transports.memory import MemorySQS
+from sqsworker.transports import BatchResult, OutgoingMessage, send_all
+from sqsworker.transports.memory import MemorySQS, MemoryTransport
 
 from ..conftest import wait_until
 from .helpers import Rig
@@ -456,6 +456,53 @@ def test_a_duplicate_never_runs_beside_its_original_while_renewals_fail_briefly(
     one.advance_until(lambda: two.count("duplicates_suppressed") == 1)
     two.wait_for("deleted", 1)
     assert first.runs == ["a"] and second == []
+    one.stop()
+    two.stop()
+
+
+class LostAnswers(MemoryTransport):
+    """Renewals that SQS applies, whose answers never arrive (a reset after the write)."""
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        super().change_visibility_batch(entries)
+        raise TransportError("connection reset", code="ConnectionError", retryable=True)
+
+
+def test_a_duplicate_never_runs_while_sqs_may_still_hold_the_original_for_a_lost_answer(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Renewals SQS applied but whose answers were lost: the worker counts its lease as
+    lost when it ends unrenewed, but SQS still hides the message under its handle, as
+    long as the last renewal it may have applied. The key's claim lasts as long, so a
+    copy waits instead of running beside the original (found by the fault simulator)."""
+    store = MemoryStore()
+    first = Blocking()
+    second: list[str] = []
+    memory.create_queue_with_dlq("jobs", 3)
+    lossy = LostAnswers(memory, memory.transport("jobs").info)
+    one = Rig(
+        memory, clock, first, store=store, transport=lossy, concurrency=1, visibility_timeout=120
+    )
+    two = Rig(MemorySQS(clock), clock, lambda m: second.append(m.body), store=store)
+    send_all(one.queue, [keyed("a", "k")])
+    one.worker.start()
+    wait_until(lambda: first.runs == ["a"])
+    one.advance_until(lambda: one.count("leases_lost") == 1, step=1)
+    lost_at = clock.monotonic()
+    [held] = memory._queues["jobs"].messages.values()
+    assert held.visible_at > lost_at + CLAIM_MARGIN + 30  # renewals SQS applied
+    send_all(two.queue, [keyed("a", "k")])
+    two.worker.start()
+    two.wait_for("duplicates_deferred", 1)
+    # Past the claim margin after the lease the worker counts, and short of SQS's end.
+    one.advance_until(lambda: clock.monotonic() > lost_at + CLAIM_MARGIN + 20, step=2)
+    two.advance_until(lambda: two.count("duplicates_deferred") >= 5, step=2)
+    assert clock.monotonic() < held.visible_at
+    assert second == [], "the copy ran while SQS still held the original under its lease"
+    first.release.set()
+    one.wait_for("succeeded", 1)
+    two.advance_until(lambda: two.count("duplicates_suppressed") == 1, step=5)
+    assert second == []
     one.stop()
     two.stop()
 

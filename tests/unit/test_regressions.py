@@ -321,7 +321,7 @@ def test_held_messages_stay_bounded_while_deletes_keep_failing(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
     """Issue 13, defect 4: with DeleteMessageBatch failing (retryable), the worker holds
-    at most concurrency + prefetch, plus one delete batch awaiting its answer."""
+    at most concurrency + prefetch, plus one delete batch per sender awaiting its answer."""
     transport = Switchboard(memory)
     peak: list[int] = []
     rig: Rig
@@ -341,7 +341,8 @@ def test_held_messages_stay_bounded_while_deletes_keep_failing(
         concurrency=2,
         prefetch=1,
     )
-    bound = 2 + 1 + MAX_BATCH
+    bound = 2 + 1 + MAX_BATCH * rig.worker.senders
+    assert rig.worker.held_bound == bound and rig.worker.senders == 2
     transport.delete_error = outage()
     rig.send(*[f"m{i}" for i in range(60)])
     rig.worker.start()

@@ -1,0 +1,246 @@
+"""The receive side: receives in parallel while the queue is busy and one at a time when
+it is idle, no barrier behind a slow message, lease calls that do not wait for each other,
+and prompt ends (burst mode, the shutdown's wait for a long poll)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from sqsworker import Message
+from sqsworker.clock import FakeClock
+from sqsworker.errors import TransportError
+from sqsworker.events import Observer
+from sqsworker.transports import BatchResult, Envelope
+from sqsworker.transports.memory import MemorySQS, MemoryTransport
+
+from ..conftest import wait_until
+from .helpers import Gate, Rig
+
+
+class Watched(MemoryTransport):
+    """The in-memory transport, counting the receives under way, and able to hold a call
+    (``hold``: an action whose calls block until ``go`` is set)."""
+
+    def __init__(self, memory: MemorySQS, name: str, linger: int = 0) -> None:
+        super().__init__(memory, memory.transport(name).info)
+        self.lock = threading.Condition()
+        self.receiving = 0
+        self.most = 0  # receives under way at once, at most
+        self.linger = linger  # a receive that got messages waits for this many to overlap
+        self.waits: list[int] = []
+        self.began: list[float] = []
+        self.calls: list[str] = []
+        self.hold: str | None = None
+        self.held = threading.Event()  # a held call is waiting
+        self.go = threading.Event()
+
+    def receive(
+        self, max_messages: int, wait_seconds: int, visibility: int, attempt_id: Any = None
+    ) -> list[Envelope]:
+        with self.lock:
+            self.receiving += 1
+            self.most = max(self.most, self.receiving)
+            self.waits.append(wait_seconds)
+            self.began.append(self.service.clock.monotonic())
+            self.lock.notify_all()
+        try:
+            got = super().receive(max_messages, wait_seconds, visibility, attempt_id)
+            if got and self.linger:  # as real latency would: give other receives a chance
+                with self.lock:
+                    self.lock.wait_for(lambda: self.receiving >= self.linger, timeout=0.5)
+            return got
+        finally:
+            with self.lock:
+                self.receiving -= 1
+
+    def _call(self, action: str) -> None:
+        self.calls.append(action)
+        if self.hold == action:
+            self.held.set()
+            assert self.go.wait(30)
+
+    def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        self._call("delete")
+        return super().delete_batch(entries)
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        self._call("visibility")
+        return super().change_visibility_batch(entries)
+
+
+def test_a_slow_message_does_not_keep_the_idle_threads_from_new_work(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Capacity 4 (no prefetch) and one message that runs long: the three other threads
+    go on receiving, fewer than a batch at a time, instead of waiting for room for 4."""
+    slow = Gate()
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: slow(m) if m.body == "slow" else None,
+        concurrency=4,
+        prefetch=0,
+    )
+    rig.send("slow", *[f"m{i}" for i in range(19)])
+    rig.worker.start()
+    rig.wait_for("deleted", 19)
+    assert slow.started.is_set() and not slow.release.is_set()
+    slow.release.set()
+    rig.wait_for("deleted", 20)
+    assert rig.stop() == 0
+
+
+def test_receives_overlap_while_they_come_back_full_and_go_one_at_a_time_when_idle(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    memory.create_queue_with_dlq("jobs", 3)
+    transport = Watched(memory, "jobs", linger=3)
+    rig = Rig(memory, clock, lambda m: None, transport=transport, concurrency=30, prefetch=10)
+    assert rig.worker.pollers == 4
+    rig.send(*[f"m{i}" for i in range(300)])
+    rig.worker.start()
+    rig.wait_for("deleted", 300)
+    assert transport.most >= 3  # not one receive after another
+    assert memory.requests["ReceiveMessage"] <= 300 / 10 + 10  # full batches, not trickles
+
+    wait_until(lambda: transport.receiving == 0)
+    transport.most = 0
+    before = len(transport.waits)
+    rig.advance_until(lambda: len(transport.waits) >= before + 10)  # idle: --wait-time 0
+    assert transport.most == 1
+    assert rig.stop() == 0
+
+
+def test_a_slow_delete_does_not_hold_up_a_renewal_that_is_due(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    memory.create_queue_with_dlq("jobs", 3)
+    transport = Watched(memory, "jobs")
+    long = Gate()
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: long(m) if m.body == "long" else None,
+        transport=transport,
+        concurrency=2,
+        prefetch=0,
+    )
+    transport.hold = "delete"
+    rig.send("long", "quick")
+    rig.worker.start()
+    assert transport.held.wait(10)  # the quick one's delete is under way, unanswered
+    wait_until(long.started.is_set)
+    clock.advance(6)  # past half of the long one's 10 s lease
+    wait_until(lambda: "visibility" in transport.calls, what="a renewal behind the delete")
+    transport.go.set()
+    long.release.set()
+    rig.wait_for("deleted", 2)
+    assert rig.count("leases_lost") == 0
+    assert rig.stop() == 0
+
+
+def test_no_call_about_a_message_starts_while_one_about_it_is_under_way(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """A renewal under way, then the handler finishes: its delete waits for the renewal's
+    answer, so a return can never overtake the renewal before it (nor a delete race it)."""
+    memory.create_queue_with_dlq("jobs", 3)
+    transport = Watched(memory, "jobs")
+    gate = Gate()
+    rig = Rig(memory, clock, gate, transport=transport, concurrency=1, prefetch=0)
+    transport.hold = "visibility"
+    rig.send("x")
+    rig.worker.start()
+    wait_until(gate.started.is_set)
+    clock.advance(6)
+    assert transport.held.wait(10)  # the renewal is under way
+    gate.release.set()
+    rig.wait_for("succeeded", 1)
+    clock.advance(1)  # the lease thread looks again: the delete is due, but must wait
+    threading.Event().wait(0.2)  # time for a wrongly sent delete to show (none must)
+    assert transport.calls == ["visibility"]
+    transport.go.set()
+    rig.wait_for("deleted", 1)
+    assert transport.calls == ["visibility", "delete"]
+    assert rig.stop() == 0
+
+
+def test_burst_mode_long_polls_a_second_at_most(memory: MemorySQS, clock: FakeClock) -> None:
+    """So an empty queue ends the run within about a second of the last delete, not after
+    a full --wait-time of empty long poll."""
+    memory.create_queue_with_dlq("jobs", 3)
+    transport = Watched(memory, "jobs")
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: None,
+        transport=transport,
+        wait_time=20,
+        burst=True,
+        visibility_timeout=30,
+    )
+    rig.send("a", "b", "c")
+    rig.worker.start()
+    rig.advance_until(lambda: rig.worker.wait(0))
+    assert rig.count("deleted") == 3
+    assert transport.waits and max(transport.waits) == 1
+    assert rig.stop() == 0
+
+
+def test_after_a_failed_receive_no_receive_starts_before_the_pause_ends(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Several receive threads share one pause: they do not take turns failing at once."""
+    memory.create_queue_with_dlq("jobs", 3)
+    transport = Watched(memory, "jobs")
+    rig = Rig(memory, clock, lambda m: None, transport=transport, concurrency=30, prefetch=10)
+    memory.inject_fault("ReceiveMessage", TransportError("down", code="ServiceUnavailable"))
+    rig.worker.start()
+    rig.wait_for("receive_failures", 1)
+    failed_at = transport.began[0]
+    threading.Event().wait(0.2)  # time for a receive that ignored the pause to show
+    assert len(transport.began) == 1
+    rig.advance_until(lambda: len(transport.began) >= 2, step=0.25)
+    assert transport.began[1] >= failed_at + 1.0  # the first failure's pause
+    assert rig.stop() == 0
+
+
+class Awaited(Observer):
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, float]] = []
+
+    def receives_awaited(self, receives: int, seconds: float) -> None:
+        self.seen.append((receives, seconds))
+
+
+def test_shutdown_says_which_long_poll_it_waits_for_and_hands_back_what_it_returns(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    memory.create_queue_with_dlq("jobs", 3)
+    transport = Watched(memory, "jobs")
+    awaited = Awaited()
+    ran: list[Message] = []
+    rig = Rig(
+        memory,
+        clock,
+        ran.append,
+        transport=transport,
+        observers=[awaited],
+        wait_time=20,
+        visibility_timeout=30,
+    )
+    rig.worker.start()
+    wait_until(lambda: transport.receiving == 1)
+    clock.advance(5)
+    result: list[int] = []
+    rig.worker.request_stop()
+    stopping = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
+    stopping.start()
+    wait_until(lambda: bool(awaited.seen))
+    assert awaited.seen == [(1, 15.0)]
+    rig.send("arrives during the last poll")
+    stopping.join(10)
+    assert result == [0] and not ran
+    assert rig.queue.counts().visible == 1  # handed straight back, not stranded
