@@ -83,9 +83,10 @@ def main() -> None:
     )
     for concurrency in CONCURRENCY:
         for handler_ms in HANDLER_MS:
-            old_runs, new_runs = runs[concurrency, handler_ms, before], runs[
-                concurrency, handler_ms, current
-            ]
+            old_runs, new_runs = (
+                runs[concurrency, handler_ms, before],
+                runs[concurrency, handler_ms, current],
+            )
             ideal = concurrency / (handler_ms / 1000) if handler_ms else None
 
             def median(rows: list[dict[str, Any]], key: str) -> float:

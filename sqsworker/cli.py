@@ -48,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("target", metavar="MODULE:ATTR", help="the handler, e.g. app:process")
     for f in config.options():
-        default = f.default if f.default not in ((), None, "") else "none"
+        default = f.metadata["default_text"] or (
+            f.default if f.default not in ((), None, "") else "none"
+        )
         text = f"{f.metadata['help']} [env {config.env_var(f.name)}; default {default}]"
         if f.type in ("bool", bool):
             run.add_argument(

@@ -44,6 +44,15 @@ def _parse_int(raw: str) -> int:
         raise ValueError("must be a whole number") from None
 
 
+def _parse_prefetch(raw: str) -> int | None:
+    if raw.strip().lower() == "auto":
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError("must be a whole number, or auto") from None
+
+
 def _parse_float(raw: str) -> float:
     try:
         return float(raw.strip())
@@ -76,8 +85,15 @@ def _option(
     *,
     metavar: str | None = None,
     flag_only: bool = False,
+    default_text: str | None = None,
 ) -> dict[str, Any]:
-    return {"help": help, "parse": parse, "metavar": metavar, "flag_only": flag_only}
+    return {
+        "help": help,
+        "parse": parse,
+        "metavar": metavar,
+        "flag_only": flag_only,
+        "default_text": default_text,
+    }
 
 
 @dataclass(frozen=True)
@@ -88,11 +104,15 @@ class WorkerConfig:
     concurrency: int = field(
         default=10, metadata=_option("Handler threads: messages processed at once.", _parse_int)
     )
-    prefetch: int = field(
-        default=10,
+    prefetch: int | None = field(
+        default=None,
         metadata=_option(
-            "Messages held beyond the running ones, waiting to start (leases kept alive).",
-            _parse_int,
+            "Messages held beyond the running ones, waiting to start (leases kept alive). "
+            "auto: a batch (10), plus what the handlers finish during one receive's round "
+            "trip, at most max(10, --concurrency).",
+            _parse_prefetch,
+            metavar="N|auto",
+            default_text="auto",
         ),
     )
     visibility_timeout: int = field(
@@ -253,8 +273,8 @@ class WorkerConfig:
             )
         if not 1 <= self.concurrency <= 1000:
             fail("concurrency", "must be a whole number from 1 to 1000")
-        if not 0 <= self.prefetch <= 1000:
-            fail("prefetch", "must be a whole number from 0 to 1000")
+        if self.prefetch is not None and not 0 <= self.prefetch <= 1000:
+            fail("prefetch", "must be a whole number from 0 to 1000, or auto")
         if not 1 <= self.visibility_timeout <= MAX_VISIBILITY:
             fail("visibility_timeout", "must be from 1 to 43200 seconds (the SQS 12-hour limit)")
         if not 0 <= self.wait_time <= MAX_WAIT_TIME:

@@ -13,10 +13,12 @@ Timing:
 - deletes and returns wait at most ``delete_interval`` to fill a batch of 10;
   hand-backs at shutdown go at once.
 
-The lease thread decides; a few sender threads make the calls, so a slow
-``DeleteMessageBatch`` never holds up a renewal that is due. While a call about
-a receipt handle is under way (the message is *busy*), no other call about it
-starts: a return can never overtake the renewal before it.
+The lease thread decides; a few sender threads make the calls, renewals first,
+and one sender makes renewals only, so a slow ``DeleteMessageBatch`` never holds
+up a renewal that is due. While a call about a receipt handle is under way (the
+message is *busy*), no other call about it starts: a return can never overtake
+the renewal before it. A renewal is checked again when it is sent: a lease lost
+meanwhile is not renewed.
 
 A lease runs out at ``expires_at``, counted from the start of the request that
 set it (the receive, or the last renewal): SQS's own countdown starts later, so
@@ -35,6 +37,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from .clock import Clock, Task
 from .config import MAX_VISIBILITY
@@ -78,6 +81,8 @@ class Held:
         self.outcome: str | None = None  # "delete" or "return", once one is queued
         self.handed_back = False  # returned while its handler still ran (shutdown timeout)
         self.busy = False  # a call about its receipt handle is under way
+        self.renewing = False  # a renewal of it is queued or under way
+        self.renewal_wanted = False  # extend() asked for a renewal not sent yet
         self.message = Message(envelope, keeper.transport.info.name, self)
 
     # -- the Lease protocol ------------------------------------------------------
@@ -100,7 +105,11 @@ class Held:
         idempotency claim outlives this, not only ``seconds_left``.)"""
         if self.disowned or self.handed_back or self.state is State.DONE:
             return 0.0
-        return max(0.0, self.sqs_until - self.keeper.clock.monotonic())
+        now = self.keeper.clock.monotonic()
+        until = self.sqs_until
+        if self.renewing:  # sent at the latest now, asking for ``timeout`` from then
+            until = max(until, now + self.timeout)
+        return max(0.0, until - now)
 
     @property
     def gone(self) -> bool:
@@ -111,7 +120,7 @@ class Held:
         return self.keeper.extend(self, seconds)
 
 
-_LIVE = frozenset({State.WAITING, State.RUNNING, State.SETTLING})
+_LIVE = (State.WAITING, State.RUNNING, State.SETTLING)  # a tuple: `in` tests identity first
 _DISOWNED = "the receipt handle no longer owns the message; it may be delivered again"
 
 
@@ -128,7 +137,6 @@ class _Call:
 
     ops: list[_Op] = field(default_factory=list)
     renewals: list[Held] = field(default_factory=list)
-    seconds: int = 0  # for renewals: the visibility asked
 
     @property
     def held(self) -> list[Held]:
@@ -172,13 +180,16 @@ class LeaseKeeper:
         self._lock = threading.Lock()  # guards _held, _ops, every Held's state, _stopping
         self._wake = threading.Condition(self._lock)
         self._held: dict[str, Held] = {}  # by receipt handle
+        self._expiry_floor = math.inf  # no held lease ends before this
         self._ops: list[_Op] = []
         self._stopping = False
         self.handed_back_count = 0  # returns at shutdown SQS took: read by the closing line
         self._give_up_at: float | None = None
         self._thread: Task | None = None
         self._finished = False  # the thread has returned
-        self._calls: deque[_Call] = deque()  # for the sender threads
+        # For the sender threads: renewals go first, and sender 0 makes nothing else.
+        self._renewal_calls: deque[_Call] = deque()
+        self._settle_calls: deque[_Call] = deque()
         self._under_way = 0  # calls queued or being made
         self._senders = [Progress(clock) for _ in range(max(1, min(senders, MAX_SENDERS)))]
         self._senders_alive = 0
@@ -188,7 +199,8 @@ class LeaseKeeper:
     def start(self) -> None:
         self._senders_alive = len(self._senders)
         for index, progress in enumerate(self._senders):
-            self.clock.spawn(f"sqsworker-lease-sender-{index}", lambda p=progress: self._send(p))
+            send = partial(self._send, progress, renewals_only=index == 0)
+            self.clock.spawn(f"sqsworker-lease-sender-{index}", send)
         self._thread = self.clock.spawn("sqsworker-lease", self._run)
 
     def add(self, envelopes: Sequence[Envelope], received_at: float, timeout: int) -> list[Held]:
@@ -196,6 +208,7 @@ class LeaseKeeper:
         with self._wake:
             for h in held:
                 self._held[h.envelope.receipt_handle] = h
+            self._expiry_floor = min(self._expiry_floor, received_at + timeout)
             self._wake.notify_all()
         return held
 
@@ -282,7 +295,11 @@ class LeaseKeeper:
 
     def alive(self) -> bool:
         with self._lock:
-            return self._thread is not None and not self._finished and self._senders_alive > 0
+            return (
+                self._thread is not None
+                and not self._finished
+                and self._senders_alive == len(self._senders)
+            )
 
     def overdue(self) -> float:
         """Seconds the lease thread or a sender is past its step's allowance (for /healthz)."""
@@ -310,6 +327,7 @@ class LeaseKeeper:
             held.timeout = seconds
             if held.renew_at < math.inf:  # at the cap no renewal will come: answer at once
                 held.renew_at = -math.inf
+                held.renewal_wanted = True  # a renewal under way now does not count
             self._wake.notify_all()
             # Until renewed, lost, settled, at the cap, or past the lease: never longer.
             while (
@@ -355,8 +373,12 @@ class LeaseKeeper:
                 held.state = State.SETTLING
             held.outcome = op.action
             op.queued_at = self.clock.monotonic()
+            # The lease thread's next deadline covers the ops queued before (sent by then
+            # at the latest, with this one): wake it only when this one changes that.
+            alone = not any(not o.held.busy for o in self._ops)
             self._ops.append(op)
-            self._wake.notify_all()
+            if op.urgent or alone or len(self._ops) % MAX_BATCH == 0:
+                self._wake.notify_all()
 
     # -- the thread ----------------------------------------------------------------
 
@@ -372,44 +394,59 @@ class LeaseKeeper:
         while True:
             with self._wake:
                 now = self.clock.monotonic()
+                if self._gave_up(now):  # nothing new: the answers under way, then the end
+                    if not self._under_way:
+                        return
+                    self.progress.idle()
+                    self.clock.wait(self._wake, None)
+                    continue
                 lapsed = self._expire(now)
                 ops, renewals = self._due(now)
                 if ops or renewals:
                     self._hand_out(ops, renewals)
                 elif not lapsed:
-                    gave_up = self._gave_up(now)
-                    if self._stopping and not self._under_way and (not self._ops or gave_up):
+                    if self._stopping and not self._under_way and not self._ops:
                         return
                     self.progress.idle()
-                    # Past giving up, only the answers of the calls under way are awaited.
-                    self.clock.wait(self._wake, None if gave_up else self._next_deadline(now))
+                    self.clock.wait(self._wake, self._next_deadline(now))
                     self.progress.step(self.stall_timeout)
             if lapsed and self.on_released is not None:
                 self.on_released()  # room for more messages under the held bound
 
     def _hand_out(self, ops: list[_Op], renewals: list[Held]) -> None:
         """Queue the batch calls for the senders; their messages are busy until answered."""
-        calls = [_Call(ops=batch) for batch in chunks([op for op in ops if op.action == "delete"])]
-        calls += [_Call(ops=batch) for batch in chunks([op for op in ops if op.action == "return"])]
-        calls += self._renewal_calls(renewals)
-        for call in calls:
+        settles = [
+            _Call(ops=list(batch))
+            for action in ("delete", "return")
+            for batch in chunks([op for op in ops if op.action == action])
+        ]
+        renews = [_Call(renewals=list(batch)) for batch in chunks(renewals)]
+        for held in renewals:
+            held.renewing = True
+        for call in settles + renews:
             for held in call.held:
                 held.busy = True
-            self._calls.append(call)
-        self._under_way += len(calls)
+        self._settle_calls.extend(settles)
+        self._renewal_calls.extend(renews)
+        self._under_way += len(settles) + len(renews)
         self._wake.notify_all()
 
-    def _send(self, progress: Progress) -> None:
+    def _send(self, progress: Progress, renewals_only: bool) -> None:
         """A sender thread: make the calls the lease thread queued, one at a time."""
         try:
             while True:
                 with self._wake:
-                    while not self._calls and not self._finished:
+                    while not self._finished and not (
+                        self._renewal_calls or (self._settle_calls and not renewals_only)
+                    ):
                         progress.idle()
                         self.clock.wait(self._wake, None)
-                    if not self._calls:
-                        return
-                    call = self._calls.popleft()
+                    if self._renewal_calls:
+                        call = self._renewal_calls.popleft()
+                    elif self._settle_calls and not renewals_only:
+                        call = self._settle_calls.popleft()
+                    else:
+                        return  # the lease thread ended and nothing is left for this one
                 progress.step(self.stall_timeout)
                 self._make(call)
                 progress.idle()
@@ -423,9 +460,9 @@ class LeaseKeeper:
             if call.ops:
                 self._settle(call.ops)
             else:
-                self._renew_batch(call.renewals, call.seconds)
+                self._renew(call.renewals)
         except Exception as exc:  # never let a sender die: every lease hangs on them
-            self.observer.request_failed("lease thread", TransportError(repr(exc)))
+            self.observer.request_failed("lease sender", TransportError(repr(exc)))
             with self._lock:
                 unsettled = [
                     op for op in call.ops if op.held.state is not State.DONE and op not in self._ops
@@ -438,6 +475,8 @@ class LeaseKeeper:
             with self._wake:
                 for held in call.held:
                     held.busy = False
+                for held in call.renewals:
+                    held.renewing = False
                 self._under_way -= 1
                 self._wake.notify_all()  # the lease thread, and extend() callers waiting
         if call.ops and self.on_released is not None:
@@ -448,7 +487,13 @@ class LeaseKeeper:
 
     def _expire(self, now: float) -> bool:
         """Leases that ran out without a renewal are lost (a stalled thread, a failing SQS)."""
-        return sum(self._lapse(held, now) for held in list(self._held.values())) > 0
+        if now < self._expiry_floor:
+            return False
+        lapsed = sum(self._lapse(held, now) for held in list(self._held.values())) > 0
+        self._expiry_floor = min(
+            (h.expires_at for h in self._held.values() if h.state in _LIVE), default=math.inf
+        )
+        return lapsed
 
     def _lapse(self, held: Held, now: float) -> bool:
         """Lose a held message's lease if it ran out unrenewed, a queued delete's too."""
@@ -522,10 +567,11 @@ class LeaseKeeper:
             if not op.held.busy
         ]
         deadlines += [h.renew_at for h in self._renewable()]
-        deadlines += [h.expires_at for h in self._held.values() if h.state in _LIVE]
+        deadlines.append(self._expiry_floor)
         if self._give_up_at is not None:
             deadlines.append(self._give_up_at)
-        return min(deadlines) if deadlines else None
+        deadline = min(deadlines)
+        return deadline if deadline < math.inf else None
 
     # -- SQS calls, made outside the lock --------------------------------------------
 
@@ -638,25 +684,28 @@ class LeaseKeeper:
         budget = MAX_VISIBILITY - (self.clock.monotonic() - held.received_at) - CAP_MARGIN
         return max(0, min(seconds, math.floor(budget)))
 
-    def _renewal_calls(self, renewals: list[Held]) -> list[_Call]:
-        """The renewal calls for ``renewals``, grouped by the visibility asked. Lock held."""
-        by_timeout: dict[int, list[Held]] = {}
-        for held in renewals:
-            seconds = self._capped(held, held.timeout)
-            budget = MAX_VISIBILITY - (self.clock.monotonic() - held.received_at)
-            if budget < NEAR_CAP and not held.near_cap_warned:
-                held.near_cap_warned = True
-                self.observer.lease_near_cap(held.message, budget)
-            if seconds < 1:
-                held.renew_at = math.inf  # at the cap: it will expire and come back
-                self._wake.notify_all()  # an extend() waiting for a renewal returns
-                continue
-            by_timeout.setdefault(seconds, []).append(held)
-        return [
-            _Call(renewals=list(batch), seconds=seconds)
-            for seconds, group in by_timeout.items()
-            for batch in chunks(group)
-        ]
+    def _renew(self, renewals: list[Held]) -> None:
+        """Renew what is still ours to renew, decided now that the call goes out."""
+        by_seconds: dict[int, list[Held]] = {}
+        with self._wake:
+            now = self.clock.monotonic()
+            for held in renewals:
+                self._lapse(held, now)
+                if held.state not in _LIVE or held.handed_back:
+                    continue  # lost, settled or handed back while the call waited
+                held.renewal_wanted = False  # this renewal carries what extend() asked
+                seconds = self._capped(held, held.timeout)
+                budget = MAX_VISIBILITY - (now - held.received_at)
+                if budget < NEAR_CAP and not held.near_cap_warned:
+                    held.near_cap_warned = True
+                    self.observer.lease_near_cap(held.message, budget)
+                if seconds < 1:
+                    held.renew_at = math.inf  # at the cap: it will expire and come back
+                    self._wake.notify_all()  # an extend() waiting for a renewal returns
+                    continue
+                by_seconds.setdefault(seconds, []).append(held)
+        for seconds, batch in by_seconds.items():
+            self._renew_batch(batch, seconds)
 
     def _renew_batch(self, batch: Sequence[Held], seconds: int) -> None:
         started = self.clock.monotonic()
@@ -679,16 +728,20 @@ class LeaseKeeper:
             answered = self.clock.monotonic()
             for index, held in enumerate(batch):
                 failure = failures.get(str(index))
-                if failure is not None and failure.lease_lost:
+                if failure is None:  # SQS hides it until then at the latest, lost here or not
+                    held.sqs_until = max(held.sqs_until, answered + seconds)
+                elif failure.lease_lost:
                     held.disowned = True  # even if its lease ran out here meanwhile
                 self._lapse(held, answered)
                 if held.state not in _LIVE:
                     continue
                 if failure is None:
                     held.expires_at = started + seconds
-                    held.sqs_until = max(held.sqs_until, held.expires_at)
                     held.renew_at = started + seconds / 2
-                    held.renewals += 1
+                    if held.renewal_wanted:  # extend() asked after this call went: again
+                        held.renew_at = -math.inf
+                    else:
+                        held.renewals += 1
                     extended.append(held.message)
                 elif failure.lease_lost:
                     self._lose(held, f"{failure.code}: {failure.message}", disowned=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import threading
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
@@ -30,7 +31,7 @@ from .handler import Handler, as_handler
 from .health import Health, Progress
 from .idempotency import Idempotency, Verdict
 from .lanes import HANDED_BACK_BEHIND, Lanes, Line
-from .lease import Held, LeaseKeeper
+from .lease import MAX_SENDERS, Held, LeaseKeeper
 from .policies import Backoff
 from .transports import MAX_BATCH, OutgoingMessage, Transport, send_all
 
@@ -66,12 +67,19 @@ class Worker:
         self._store = idempotency_store  # else opened from config.idempotency_store at start
         self.idempotency: Idempotency | None = None
         self._dead_letter_queue: Transport | None = None
-        self.capacity = self.config.concurrency + self.config.prefetch
+        prefetch = self.config.prefetch
+        # --prefetch auto: as many as the handlers finish during a receive's round trip,
+        # so threads never wait on one, plus a batch; measured as the worker runs.
+        self.pace = None if prefetch is not None else Pace(self.clock)
+        self.prefetch_limit = (
+            prefetch if prefetch is not None else max(MAX_BATCH, self.config.concurrency)
+        )
+        self.capacity = self.config.concurrency + self.prefetch_limit  # waiting or running
         self.batch = min(MAX_BATCH, self.capacity)  # a receive waits for room for this many
         # One receive thread per batch of capacity: all of it can be asked for at once.
         self.pollers = max(1, min(MAX_POLLS, math.ceil(self.capacity / MAX_BATCH)))
         # Calls to delete, return or renew under way at once: one per batch of capacity.
-        self.senders = max(2, min(16, math.ceil(self.capacity / MAX_BATCH)))
+        self.senders = max(2, min(MAX_SENDERS, math.ceil(self.capacity / MAX_BATCH)))
         # Through their handler, their delete or return not answered yet: this many are
         # held beyond the capacity (a batch per sender), and no more. Deletes failing for a
         # while must not let held messages pile up.
@@ -92,7 +100,8 @@ class Worker:
         self._polls = 0  # receives under way
         self._asked = 0  # messages they asked for: room taken until they are answered
         self._flowing = False  # the last receive came back full: more may run at once
-        self._polls_began: dict[int, float] = {}  # by receive thread: when its receive began
+        # By receive thread: when its receive began, and how many it asked for.
+        self._polls_began: dict[int, tuple[float, int]] = {}
         self._paused_until = -math.inf  # no receive starts before (after a failure, idle)
         self._failures = 0  # receives failed in a row
         # FIFO receives that failed: the next receives reuse their ids, and so get their
@@ -175,7 +184,7 @@ class Worker:
         self.observer.worker_started(self.transport.info, self.config)
         self._pollers_alive = self.pollers
         for index in range(self.pollers):
-            self.clock.spawn(f"sqsworker-receiver-{index}", lambda i=index: self._receive_loop(i))
+            self.clock.spawn(f"sqsworker-receiver-{index}", partial(self._receive_loop, index))
         self._started = True
 
     def _open_idempotency(self) -> Idempotency | None:
@@ -248,9 +257,11 @@ class Worker:
         #    cannot be cut short. Each is one HTTP attempt, bounded by the client's
         #    timeouts, so this ends.
         with self._slots:
-            if self._polls_began:
-                ends = max(self._polls_began.values()) + self._wait_time()
-                self.observer.receives_awaited(len(self._polls_began), ends - self.clock.monotonic())
+            polls = list(self._polls_began.values())
+        if polls:
+            ends = max(began for began, _ in polls) + self._wait_time()
+            self.observer.receives_awaited(len(polls), ends - self.clock.monotonic())
+        with self._slots:
             while self._pollers_alive:
                 self.clock.wait(self._slots, None)
 
@@ -273,74 +284,95 @@ class Worker:
                 self._slots.notify_all()
 
     def _wait_time(self) -> int:
-        return min(self.config.wait_time, BURST_WAIT) if self.config.burst else self.config.wait_time
+        return (
+            min(self.config.wait_time, BURST_WAIT) if self.config.burst else self.config.wait_time
+        )
 
     def _receive(self, index: int, progress: Progress) -> None:
-        assert self.keeper is not None
         while True:
-            asked = self._await_room(progress)
+            asked = self._await_room(index, progress)
             if asked == 0:
                 return
+            try:
+                if not self._poll(index, asked, progress):
+                    return
+            finally:
+                self._answered(index, full=False)  # if nothing did: room never leaks
+
+    def _poll(self, index: int, asked: int, progress: Progress) -> bool:
+        """One receive of ``asked`` messages; False when this receive thread is done."""
+        assert self.keeper is not None
+        wait = self._wait_time()
+        with self._slots:
             # The leases of what this receive returns count from here: before SQS hid them.
             began = self.clock.monotonic()
-            wait = self._wait_time()
-            progress.step(wait + self.config.stall_timeout)
+            self._polls_began[index] = (began, asked)
+            attempt_id = None
+            if self.transport.info.fifo:
+                attempt_id = self._failed_attempts.pop() if self._failed_attempts else None
+                attempt_id = attempt_id or uuid.uuid4().hex
+        progress.step(wait + self.config.stall_timeout)
+        try:
+            envelopes = self.transport.receive(
+                asked, wait, self.config.visibility_timeout, attempt_id
+            )
+        except Exception as exc:  # the loop outlives every error; what it got is safe
             with self._slots:
-                self._polls_began[index] = began
-                attempt_id = None
-                if self.transport.info.fifo:
-                    attempt_id = self._failed_attempts.pop() if self._failed_attempts else None
-                    attempt_id = attempt_id or uuid.uuid4().hex
-            try:
-                envelopes = self.transport.receive(
-                    asked, wait, self.config.visibility_timeout, attempt_id
-                )
-            except Exception as exc:  # the loop outlives every error; what it got is safe
-                with self._slots:
+                # Receives under way together when one failed share its pause; only one
+                # begun after the last pause ended makes the next one longer.
+                if began >= self._paused_until:
                     self._failures += 1
-                    retry_in = min(30.0, 0.5 * 2 ** min(self._failures, 6))
-                    self._paused_until = self.clock.monotonic() + retry_in
-                    if attempt_id is not None:
-                        self._failed_attempts.append(attempt_id)
-                    self._answered(index, asked, full=False)
-                self.observer.receive_failed(_as_transport_error(exc), retry_in)
-                continue
-            with self._slots:
-                self._failures = 0
-            if not envelopes:
-                with self._slots:
-                    if wait == 0:  # no long poll to pace the receives
-                        self._paused_until = self.clock.monotonic() + IDLE_PAUSE
-                    self._answered(index, asked, full=False)
-                self.observer.receive_empty()
-                if self.config.burst and self._queue_is_empty():
-                    self.observer.burst_finished()
-                    self.request_stop()
-                    return
-                continue
-            held = self.keeper.add(envelopes, began, self.config.visibility_timeout)
-            self.observer.received([h.message for h in held])
-            with self._slots:
-                # Room taken by the ask becomes room taken by the messages, in one step.
-                self._answered(index, asked, full=len(held) == asked)
-                if not self._closing:
-                    self._pending.add(held)
-                    self._unfinished += len(held)
-                    self._slots.notify_all()
-                    continue
-            self.keeper.hand_back(held)  # shutdown began during the poll
-            return
-
-    def _answered(self, index: int, asked: int, full: bool) -> None:
-        """A receive ended: its room is free again; more run at once only while full."""
+                retry_in = min(30.0, 2.0 ** (min(self._failures, 6) - 1))
+                self._paused_until = max(self._paused_until, self.clock.monotonic() + retry_in)
+                if attempt_id is not None:
+                    self._failed_attempts.append(attempt_id)
+                self._answered(index, full=False)
+            self.observer.receive_failed(_as_transport_error(exc), retry_in)
+            return True
         with self._slots:
+            self._failures = 0
+        if not envelopes:
+            with self._slots:
+                if wait == 0:  # no long poll to pace the receives
+                    self._paused_until = self.clock.monotonic() + IDLE_PAUSE
+                self._answered(index, full=False)
+            self.observer.receive_empty()
+            if self.config.burst and self._queue_is_empty():
+                with self._slots:
+                    first = not self._stopping.is_set()
+                    self.request_stop()
+                if first:
+                    self.observer.burst_finished()
+                return False
+            return True
+        held = self.keeper.add(envelopes, began, self.config.visibility_timeout)
+        self.observer.received([h.message for h in held])
+        with self._slots:
+            # Room taken by the ask becomes room taken by the messages, in one step.
+            self._answered(index, full=len(held) == asked)
+            if self.pace is not None:
+                self.pace.answered(self.clock.monotonic() - began)
+            if not self._closing:
+                self._pending.add(held)
+                self._unfinished += len(held)
+                self._slots.notify_all()
+                return True
+        self.keeper.hand_back(held)  # shutdown began during the poll
+        return False
+
+    def _answered(self, index: int, full: bool) -> None:
+        """A receive ended: its room is free again; more run at once only while full.
+        Once per receive: later calls do nothing."""
+        with self._slots:
+            poll = self._polls_began.pop(index, None)
+            if poll is None:
+                return
             self._polls -= 1
-            self._asked -= asked
+            self._asked -= poll[1]
             self._flowing = full
-            del self._polls_began[index]
             self._slots.notify_all()
 
-    def _await_room(self, progress: Progress) -> int:
+    def _await_room(self, index: int, progress: Progress) -> int:
         """Wait until a receive is worth making; how many to ask for (0 when stopping).
 
         One receive at a time while the queue is idle; while receives come back full,
@@ -368,8 +400,9 @@ class Worker:
                     asked = min(free, MAX_BATCH)
                     self._polls += 1
                     self._asked += asked
+                    self._polls_began[index] = (self.clock.monotonic(), asked)
                     return asked
-                if not worth and self.capacity - self._unfinished - self._asked >= self.batch:
+                if not worth and self._capacity() - self._unfinished - self._asked >= self.batch:
                     # Only unanswered deletes and returns stand in the way: send them now
                     # rather than after --delete-interval, so the handlers are not starved.
                     self.keeper.flush()
@@ -379,7 +412,14 @@ class Worker:
     def _room(self) -> int:
         assert self.keeper is not None
         unanswered = max(0, self.keeper.settling_count() - self.unanswered)
-        return self.capacity - self._unfinished - unanswered
+        return self._capacity() - self._unfinished - unanswered
+
+    def _capacity(self) -> int:
+        """How many may be waiting or running now: ``capacity`` unless --prefetch is auto."""
+        if self.pace is None:
+            return self.capacity
+        prefetch = min(self.prefetch_limit, MAX_BATCH + self.pace.ahead())
+        return self.config.concurrency + prefetch
 
     def _room_changed(self) -> None:
         """Called by the lease thread when deletes or returns were answered."""
@@ -444,6 +484,8 @@ class Worker:
             for h in later:
                 self.keeper.release(h, 0, HANDED_BACK_BEHIND, urgent=True)
             self._unfinished -= 1 + len(later)
+            if self.pace is not None:
+                self.pace.finished()
             self._slots.notify_all()
 
     def _process(self, held: Held) -> bool:
@@ -618,6 +660,41 @@ class Worker:
         if self._dead_letter_queue is None:
             self._dead_letter_queue = self.transport.open(arn)
         return self._dead_letter_queue
+
+
+class Pace:
+    """The handlers' pace and a receive's round trip, smoothed, for --prefetch auto.
+
+    ``ahead()`` is how many messages the handlers finish while one receive is under
+    way: held beyond the running ones, they keep every thread busy until it returns.
+    The caller serialises the calls (the worker's ``_slots``).
+    """
+
+    WINDOW = 0.5  # seconds of finished messages per measure of the pace
+    WEIGHT = 0.3  # of each new measure in the smoothed value
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.rate = 0.0  # messages finished per second
+        self.trip = 0.0  # seconds a receive that returned messages took
+        self._since = clock.monotonic()
+        self._count = 0
+
+    def finished(self) -> None:
+        self._count += 1
+        now = self.clock.monotonic()
+        if now - self._since >= self.WINDOW:
+            self.rate = self._smooth(self.rate, self._count / (now - self._since))
+            self._since, self._count = now, 0
+
+    def answered(self, seconds: float) -> None:
+        self.trip = self._smooth(self.trip, seconds)
+
+    def ahead(self) -> int:
+        return math.ceil(self.rate * self.trip)
+
+    def _smooth(self, old: float, new: float) -> float:
+        return new if old == 0 else old + self.WEIGHT * (new - old)
 
 
 def _dead_letter_copy(message: Message, exc: BaseException) -> OutgoingMessage:

@@ -9,7 +9,8 @@ replays the same run.
 The invariants (docs/delivery.md states the promise they check):
 - a handler starts only on a message whose SQS lease is this receive's and alive;
 - a message is reported deleted only if SQS no longer holds it;
-- a worker holds at most concurrency + prefetch messages;
+- a worker holds at most its bound: concurrency + prefetch (auto: at most
+  max(10, concurrency)), plus a batch per lease sender awaiting its answer;
 - every message ends deleted after its handler succeeded, in the dead-letter queue
   for a reason the worker reported, or in the queue: never lost;
 - no thread waits forever: lease.extend() returns within a lease, shutdown within
@@ -168,7 +169,8 @@ def draw(seed: int) -> Schedule:
         "visibility_timeout": visibility,
         "wait_time": wait,
         "concurrency": rng.randint(6, 14) if wide else rng.randint(1, 3),
-        "prefetch": rng.randint(0, 10) if wide else rng.randint(0, 3),
+        # None: --prefetch auto, sized by the handlers' pace and the receives' round trip.
+        "prefetch": rng.choice([None, rng.randint(0, 10)]) if wide else rng.randint(0, 3),
         "delete_interval": rng.choice([0.0, 0.2, 1.0]),
         "shutdown_timeout": float(rng.choice([5, 20, 60])),
         "backoff_base": 1.0,

@@ -244,3 +244,39 @@ def test_shutdown_says_which_long_poll_it_waits_for_and_hands_back_what_it_retur
     stopping.join(10)
     assert result == [0] and not ran
     assert rig.queue.counts().visible == 1  # handed straight back, not stranded
+
+
+def test_auto_prefetch_holds_what_the_handlers_finish_during_a_receive(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """At 2,000 messages a second and 20 ms a receive, 40 finish while one is under way:
+    held waiting beyond the running ones (with a batch), no thread waits on a receive.
+    Never more than max(10, concurrency); a fixed --prefetch is exactly that."""
+    from sqsworker import Worker, WorkerConfig
+
+    memory.create_queue("jobs")
+    worker = Worker(
+        lambda m: None,
+        WorkerConfig(queue="jobs", concurrency=64),
+        transport=memory.transport("jobs"),
+        clock=clock,
+    )
+    assert worker.pace is not None and worker.capacity == 128
+    assert worker._capacity() == 64 + 10  # nothing measured yet: a batch
+    for _ in range(1000):
+        worker.pace.finished()
+    clock.advance(0.5)
+    worker.pace.finished()
+    worker.pace.answered(0.02)
+    assert worker.pace.ahead() == 41  # 1,001 in 0.5 s, times 20 ms
+    assert worker._capacity() == 64 + 10 + 41
+    worker.pace.answered(2.0)  # a slow network: a round trip of 0.6 s, smoothed
+    assert worker._capacity() == 128  # at most max(10, concurrency) beyond the running ones
+
+    fixed = Worker(
+        lambda m: None,
+        WorkerConfig(queue="jobs", concurrency=64, prefetch=5),
+        transport=memory.transport("jobs"),
+        clock=clock,
+    )
+    assert fixed.pace is None and fixed._capacity() == fixed.capacity == 69
