@@ -87,10 +87,13 @@ class Worker:
         self.held_bound = self.capacity + self.unanswered
 
         self._stopping = threading.Event()  # set once: no more receives
-        # _slots guards _pending, _deferred, _unfinished, _closing, the receives' state
-        # (_polls, _asked, _flowing, _polls_began, _pollers_alive) and _handlers_alive;
-        # handler and receive threads wait on it.
-        self._slots = threading.Condition()
+        # One lock guards _pending, _deferred, _unfinished, _closing, the receives' state
+        # (_polls, _asked, _flowing, _polls_began, _pollers_alive) and _handlers_alive.
+        # Receive threads and the shutdown wait on _slots (room, state); handler threads
+        # on _runnable (a message to run), so a message finishing wakes no idle handler.
+        lock = threading.RLock()
+        self._slots = threading.Condition(lock)
+        self._runnable = threading.Condition(lock)
         # Received, waiting for a handler thread: one line, or one lane per FIFO group.
         self._pending: Line | Lanes = Line()
         self._unfinished = 0  # received and not yet through a handler (or handed back)
@@ -235,6 +238,7 @@ class Worker:
             self._unfinished -= len(waiting)
             self._closing = True
             self._slots.notify_all()
+            self._runnable.notify_all()
         running = self._unfinished
         self.observer.shutdown_started(len(waiting), running)
 
@@ -355,7 +359,7 @@ class Worker:
             if not self._closing:
                 self._pending.add(held)
                 self._unfinished += len(held)
-                self._slots.notify_all()
+                self._runnable.notify(len(held))
                 return True
         self.keeper.hand_back(held)  # shutdown began during the poll
         return False
@@ -472,7 +476,7 @@ class Worker:
                 waiting = self._pending.take()
                 if waiting is not None or self._closing:
                     return waiting
-                self.clock.wait(self._slots, min((d for d, _ in self._deferred), default=None))
+                self.clock.wait(self._runnable, min((d for d, _ in self._deferred), default=None))
 
     def _finish(self, held: Held) -> None:
         assert self.keeper is not None
@@ -486,7 +490,9 @@ class Worker:
             self._unfinished -= 1 + len(later)
             if self.pace is not None:
                 self.pace.finished()
-            self._slots.notify_all()
+            self._slots.notify_all()  # room for the receives, and the shutdown's count
+            if isinstance(self._pending, Lanes):
+                self._runnable.notify()  # the group's next message may run now
 
     def _process(self, held: Held) -> bool:
         """Run the handler on ``held``; True when the message is kept to run later."""
@@ -509,10 +515,13 @@ class Worker:
         self.observer.handler_started(message)
         try:
             # Log lines of the handler's own (structlog or stdlib logging) carry these fields.
-            with structlog.contextvars.bound_contextvars(
+            tokens = structlog.contextvars.bind_contextvars(
                 **message.log_context, handler=self.handler.name
-            ):
+            )
+            try:
                 self.handler(message)
+            finally:
+                structlog.contextvars.reset_contextvars(**tokens)
         except Retry as exc:
             self._fail(held, exc, started, delay=exc.delay)
         except Exception as exc:
@@ -568,7 +577,7 @@ class Worker:
                 if not closing:
                     self.keeper.defer(held)
                     self._deferred.append((self.clock.monotonic() + retry_in, held))
-                    self._slots.notify_all()
+                    self._runnable.notify()  # a waiting handler thread looks at its due time
             if closing:
                 self.keeper.hand_back([held])
                 return None
