@@ -3,7 +3,8 @@ one drain, as JSON.
 
 A worker (concurrency 16 unless told, burst mode) drains MESSAGES from the in-memory SQS,
 optionally behind ``Latency``; prints msg/s (from the start to the last delete), SQS
-requests per message, seconds from the last delete to the worker's exit, and the folder
+requests per message (all, and busy: receives that returned messages, deletes and
+renewals), seconds from the last delete to the worker's exit, and the folder
 sqsworker was imported from. ``sleepN`` handlers sleep N ms. ``--idle S`` instead runs a
 worker (not in burst mode, default --wait-time) on an empty queue for S seconds, then stops
 it: requests per minute, and seconds from the stop request to the exit. ``bench.versus``
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import sqsworker
 from sqsworker import Message, Worker, WorkerConfig
+from sqsworker.events import Observers, Tally
 from sqsworker.transports import Transport, send_all
 from sqsworker.transports.memory import MemorySQS
 
@@ -77,15 +79,28 @@ def main() -> None:
         burst=True,
         visibility_timeout=30,
     )
-    finish = Finish(args.messages)
+    finish, tally = Finish(args.messages), Tally()
     started = time.perf_counter()
-    Worker(handler_named(args.handler), config, transport=transport, observer=finish).run()
+    worker = Worker(
+        handler_named(args.handler),
+        config,
+        transport=transport,
+        observer=Observers([finish, tally]),
+    )
+    worker.run()
     ended = time.perf_counter()
     assert finish.at is not None, "not every message was deleted"
-    requests = sum((memory.requests - before).values())
+    requests = memory.requests - before
+    busy = (  # receives that returned messages, deletes and renewals: the saturated cost
+        requests["ReceiveMessage"]
+        - tally.counts["empty_receives"]
+        + requests["DeleteMessageBatch"]
+        + requests["ChangeMessageVisibilityBatch"]
+    )
     result = {
         "rate": args.messages / (finish.at - started),
-        "requests_per_message": requests / args.messages,
+        "requests_per_message": sum(requests.values()) / args.messages,
+        "busy_requests_per_message": busy / args.messages,
         "exit_after_last_delete": ended - finish.at,
         "sqsworker": str(Path(sqsworker.__file__).parent),
     }
