@@ -14,8 +14,8 @@ Timing:
   hand-backs at shutdown go at once.
 
 The lease thread decides; a few sender threads make the calls, renewals first,
-and one sender makes renewals only, so a slow ``DeleteMessageBatch`` never holds
-up a renewal that is due. While a call about a receipt handle is under way (the
+and one more sender makes renewals only, so slow ``DeleteMessageBatch`` calls
+never hold up a renewal that is due. While a call about a receipt handle is under way (the
 message is *busy*), no other call about it starts: a return can never overtake
 the renewal before it. A renewal is checked again when it is sent: a lease lost
 meanwhile is not renewed.
@@ -103,7 +103,7 @@ class Held:
         """Seconds SQS may still hide the message under this handle, at most: past a lost
         lease too, while a renewal whose answer was lost may have been applied. (An
         idempotency claim outlives this, not only ``seconds_left``.)"""
-        if self.disowned or self.handed_back or self.state is State.DONE:
+        if self.disowned or self.state is State.DONE:  # handed back: once SQS answered
             return 0.0
         now = self.keeper.clock.monotonic()
         until = self.sqs_until
@@ -181,6 +181,8 @@ class LeaseKeeper:
         self._wake = threading.Condition(self._lock)
         self._held: dict[str, Held] = {}  # by receipt handle
         self._expiry_floor = math.inf  # no held lease ends before this
+        # The lease thread waits until then (inf: until woken); -inf while it works.
+        self._waiting_until = -math.inf
         self._ops: list[_Op] = []
         self._stopping = False
         self.handed_back_count = 0  # returns at shutdown SQS took: read by the closing line
@@ -191,7 +193,8 @@ class LeaseKeeper:
         self._renewal_calls: deque[_Call] = deque()
         self._settle_calls: deque[_Call] = deque()
         self._under_way = 0  # calls queued or being made
-        self._senders = [Progress(clock) for _ in range(max(1, min(senders, MAX_SENDERS)))]
+        # One sender for renewals only, and ``senders`` for every call, renewals first.
+        self._senders = [Progress(clock) for _ in range(1 + max(1, min(senders, MAX_SENDERS)))]
         self._senders_alive = 0
 
     # -- called by the worker's threads -------------------------------------------
@@ -373,11 +376,11 @@ class LeaseKeeper:
                 held.state = State.SETTLING
             held.outcome = op.action
             op.queued_at = self.clock.monotonic()
-            # The lease thread's next deadline covers the ops queued before (sent by then
-            # at the latest, with this one): wake it only when this one changes that.
-            alone = not any(not o.held.busy for o in self._ops)
             self._ops.append(op)
-            if op.urgent or alone or len(self._ops) % MAX_BATCH == 0:
+            # Wake the lease thread only if it waits past this op's moment (an op on a
+            # busy message goes when that call's answer wakes it) or a batch is full.
+            due = op.not_before if op.urgent else max(op.not_before, self._send_by(op))
+            if (not held.busy and due < self._waiting_until) or len(self._ops) % MAX_BATCH == 0:
                 self._wake.notify_all()
 
     # -- the thread ----------------------------------------------------------------
@@ -408,7 +411,10 @@ class LeaseKeeper:
                     if self._stopping and not self._under_way and not self._ops:
                         return
                     self.progress.idle()
-                    self.clock.wait(self._wake, self._next_deadline(now))
+                    deadline = self._next_deadline(now)
+                    self._waiting_until = math.inf if deadline is None else deadline
+                    self.clock.wait(self._wake, deadline)
+                    self._waiting_until = -math.inf
                     self.progress.step(self.stall_timeout)
             if lapsed and self.on_released is not None:
                 self.on_released()  # room for more messages under the held bound
@@ -479,7 +485,8 @@ class LeaseKeeper:
                     held.renewing = False
                 self._under_way -= 1
                 self._wake.notify_all()  # the lease thread, and extend() callers waiting
-        if call.ops and self.on_released is not None:
+        dropped = any(h.state is State.LOST for h in call.renewals)
+        if (call.ops or dropped) and self.on_released is not None:
             self.on_released()  # room for more messages under the held bound
 
     def _gave_up(self, now: float) -> bool:
@@ -736,7 +743,8 @@ class LeaseKeeper:
                 if held.state not in _LIVE:
                     continue
                 if failure is None:
-                    held.expires_at = started + seconds
+                    held.expires_at = started + seconds  # earlier, after extend() to less
+                    self._expiry_floor = min(self._expiry_floor, held.expires_at)
                     held.renew_at = started + seconds / 2
                     if held.renewal_wanted:  # extend() asked after this call went: again
                         held.renew_at = -math.inf

@@ -354,7 +354,8 @@ class Worker:
         with self._slots:
             # Room taken by the ask becomes room taken by the messages, in one step.
             self._answered(index, full=len(held) == asked)
-            if self.pace is not None:
+            if self.pace is not None and len(held) == asked:
+                # Full: the messages were there, so this took a round trip, not a wait.
                 self.pace.answered(self.clock.monotonic() - began)
             if not self._closing:
                 self._pending.add(held)

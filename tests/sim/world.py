@@ -184,7 +184,8 @@ def draw(seed: int) -> Schedule:
             ["healthy", "flaky", "poison", "reject", "exit", "retry"], [12, 2, 1, 1, 1, 1]
         )[0]
         durations = [_duration(rng, visibility) for _ in range(8)]
-        extend = rng.choice([None, None, None, visibility, 2 * visibility])
+        # extend() to less than the lease, too: a renewal can move a lease's end earlier.
+        extend = rng.choice([None, None, None, max(1, visibility // 3), visibility, 2 * visibility])
         if marathon and n == 0:
             kind, durations, extend = "healthy", [45_000.0] * 8, visibility
         plans[n] = Plan(kind, durations, extend)

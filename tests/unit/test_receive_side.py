@@ -280,3 +280,45 @@ def test_auto_prefetch_holds_what_the_handlers_finish_during_a_receive(
         clock=clock,
     )
     assert fixed.pace is None and fixed._capacity() == fixed.capacity == 69
+
+
+def test_a_lease_shortened_by_extend_is_lost_at_its_new_end_when_its_renewal_hangs(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """extend(10) on a 300 s lease, then the next renewal hangs: the lease ends 10 s
+    after the renewal that shortened it, and the lease thread notices then, not at the
+    old end (found by review: the lease thread slept until the longer lease's end)."""
+    memory.create_queue_with_dlq("jobs", 3)
+    transport = Watched(memory, "jobs")
+    seen: dict[str, Any] = {}
+    release = threading.Event()
+
+    def handler(message: Message) -> None:
+        message.lease.extend(10)
+        seen["lease"] = message.lease
+        transport.hold = "visibility"  # the next renewal hangs
+        release.wait(60)
+
+    rig = Rig(
+        memory,
+        clock,
+        handler,
+        transport=transport,
+        concurrency=1,
+        prefetch=0,
+        visibility_timeout=300,
+    )
+    rig.send("x")
+    rig.worker.start()
+    wait_until(lambda: "lease" in seen)
+    lease = seen["lease"]
+    clock.advance(6)  # the renewal due at 5 s goes, and hangs
+    assert transport.held.wait(10)
+    ends = lease.expires_at
+    assert ends <= clock.monotonic() + 5
+    clock.advance(ends - clock.monotonic() + 0.5)
+    rig.wait_for("leases_lost", 1)
+    assert lease.lost
+    transport.go.set()
+    release.set()
+    assert rig.stop() == 0
