@@ -1,4 +1,4 @@
-"""The fault simulator in the suite: 320 seeded schedules (see world.py for what each
+"""The fault simulator in the suite: 200 seeded schedules (see world.py for what each
 one draws and the invariants it checks). A failure names its seed and how to replay it.
 
 ``SQSWORKER_SIM_BASE=N`` shifts the seeds (N, N+1, ...): the suite's seeds are fixed so
@@ -14,7 +14,7 @@ import pytest
 
 from .world import simulate
 
-SEEDS = 320
+SEEDS = 200
 CHUNK = 20  # seeds a test: each test stays far inside the suite's per-test timeout
 BASE = int(os.environ.get("SQSWORKER_SIM_BASE", "0"))
 

@@ -163,7 +163,7 @@ def draw(seed: int) -> Schedule:
         wait, visibility = 20, 3600
     # Now and then a wide worker: more than ten messages of capacity, so several receives
     # and several deletes or renewals are under way at once.
-    wide = rng.random() < 0.2
+    wide = rng.random() < 0.15
     config = {
         "queue": "jobs",
         "visibility_timeout": visibility,
