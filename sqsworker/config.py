@@ -48,7 +48,7 @@ def _parse_prefetch(raw: str) -> int | None:
     if raw.strip().lower() == "auto":
         return None
     try:
-        return int(raw.strip())
+        return _parse_int(raw)
     except ValueError:
         raise ValueError("must be a whole number, or auto") from None
 

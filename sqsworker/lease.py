@@ -15,10 +15,10 @@ Timing:
 
 The lease thread decides; a few sender threads make the calls, renewals first,
 and one more sender makes renewals only, so slow ``DeleteMessageBatch`` calls
-never hold up a renewal that is due. While a call about a receipt handle is under way (the
-message is *busy*), no other call about it starts: a return can never overtake
-the renewal before it. A renewal is checked again when it is sent: a lease lost
-meanwhile is not renewed.
+never hold up a renewal that is due. While a call about a receipt handle is
+under way (the message is *busy*), no other call about it starts: a return can
+never overtake the renewal before it. A renewal is checked again when it is
+sent: a lease lost meanwhile is not renewed.
 
 A lease runs out at ``expires_at``, counted from the start of the request that
 set it (the receive, or the last renewal): SQS's own countdown starts later, so

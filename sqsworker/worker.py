@@ -187,7 +187,7 @@ class Worker:
         self.observer.worker_started(self.transport.info, self.config)
         self._pollers_alive = self.pollers
         for index in range(self.pollers):
-            self.clock.spawn(f"sqsworker-receiver-{index}", partial(self._receive_loop, index))
+            self.clock.spawn(f"sqsworker-receiver-{index}", partial(self._receive, index))
         self._started = True
 
     def _open_idempotency(self) -> Idempotency | None:
@@ -279,38 +279,37 @@ class Worker:
 
     # -- the receive thread --------------------------------------------------------------
 
-    def _receive_loop(self, index: int) -> None:
-        try:
-            self._receive(index, self._receiving[index])
-        finally:
-            with self._slots:
-                self._pollers_alive -= 1
-                self._slots.notify_all()
-
     def _wait_time(self) -> int:
         return (
             min(self.config.wait_time, BURST_WAIT) if self.config.burst else self.config.wait_time
         )
 
-    def _receive(self, index: int, progress: Progress) -> None:
-        while True:
-            asked = self._await_room(index, progress)
-            if asked == 0:
-                return
-            try:
-                if not self._poll(index, asked, progress):
+    def _receive(self, index: int) -> None:
+        """A receive thread."""
+        progress = self._receiving[index]
+        try:
+            while True:
+                asked = self._await_room(index, progress)
+                if asked == 0:
                     return
-            finally:
-                self._answered(index, full=False)  # if nothing did: room never leaks
+                try:
+                    if not self._poll(index, asked, progress):
+                        return
+                finally:
+                    self._answered(index, full=False)  # if nothing did: room never leaks
+        finally:
+            with self._slots:
+                self._pollers_alive -= 1
+                self._slots.notify_all()
 
     def _poll(self, index: int, asked: int, progress: Progress) -> bool:
         """One receive of ``asked`` messages; False when this receive thread is done."""
         assert self.keeper is not None
         wait = self._wait_time()
         with self._slots:
-            # The leases of what this receive returns count from here: before SQS hid them.
-            began = self.clock.monotonic()
-            self._polls_began[index] = (began, asked)
+            # The leases of what this receive returns count from when its room was taken:
+            # before SQS hid them.
+            began, _ = self._polls_began[index]
             attempt_id = None
             if self.transport.info.fifo:
                 attempt_id = self._failed_attempts.pop() if self._failed_attempts else None
