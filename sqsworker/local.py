@@ -7,6 +7,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from types import TracebackType
 from typing import Any
 
@@ -122,7 +123,7 @@ class LocalSQS:
 
 
 _backend_lock = threading.Lock()
-_holding = threading.local()
+_BLOCKED_PAUSE = 0.05  # seconds between looks while every visible message's group is held
 
 
 def _one_call_at_a_time() -> None:
@@ -131,7 +132,13 @@ def _one_call_at_a_time() -> None:
     moto's backend takes no lock: two long polls served on two threads can both see a
     message visible before either marks it received, and both return it (seen with two
     workers on a loaded machine: one message run twice at one receive count). Each of
-    these calls now runs under one lock, which a long poll gives up while it waits.
+    these calls now runs under one lock.
+
+    moto's long poll also decides which FIFO groups are in flight once, when it begins,
+    and keeps that view while it waits: a poll woken by new messages then took the later
+    messages of a group another poll had just received, and a worker ran them first.
+    So the long poll is ours: each look is one receive without waiting, under the lock,
+    with the groups in flight as they are now; between looks it waits for a message.
     """
     from moto.sqs import models
 
@@ -142,29 +149,34 @@ def _one_call_at_a_time() -> None:
         @functools.wraps(method)
         def call(*args: Any, **kwargs: Any) -> Any:
             with _backend_lock:
-                _holding.yes = True
-                try:
-                    return method(*args, **kwargs)
-                finally:
-                    _holding.yes = False
+                return method(*args, **kwargs)
 
         return call
 
-    def wait_for_messages(
-        queue: Any, timeout: int, _wait: Any = models.Queue.wait_for_messages
-    ) -> None:
-        if not getattr(_holding, "yes", False):
-            _wait(queue, timeout)
-            return
-        _holding.yes = False
-        _backend_lock.release()
-        try:
-            _wait(queue, timeout)
-        finally:
-            _backend_lock.acquire()
-            _holding.yes = True
+    look = atomic(models.SQSBackend.receive_message)
 
-    for name in ("receive_message", "delete_message", "change_message_visibility"):
+    def receive_message(
+        backend: Any,
+        queue_name: str,
+        count: int,
+        wait_seconds_timeout: int,
+        visibility_timeout: int,
+        message_attribute_names: list[str] | None = None,
+    ) -> list[Any]:
+        deadline = time.monotonic() + wait_seconds_timeout
+        while True:
+            got = look(backend, queue_name, count, 0, visibility_timeout, message_attribute_names)
+            left = deadline - time.monotonic()
+            if got or left <= 0:
+                return list(got)
+            began = time.monotonic()
+            backend.get_queue(queue_name).wait_for_messages(left)
+            if time.monotonic() - began < _BLOCKED_PAUSE:
+                # Messages are visible but none could be had (their FIFO groups are in
+                # flight): moto's wait returns at once, so pause instead of spinning.
+                time.sleep(min(_BLOCKED_PAUSE, max(0.0, deadline - time.monotonic())))
+
+    for name in ("delete_message", "change_message_visibility"):
         setattr(models.SQSBackend, name, atomic(getattr(models.SQSBackend, name)))
-    models.Queue.wait_for_messages = wait_for_messages  # type: ignore[method-assign,assignment]
+    models.SQSBackend.receive_message = receive_message  # type: ignore[method-assign,assignment]
     models.SQSBackend._sqsworker_atomic = True  # type: ignore[attr-defined]

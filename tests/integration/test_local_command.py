@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from sqsworker.local import LocalSQS
-from sqsworker.transports import send_all
+from sqsworker.local import REGION, LocalSQS
+from sqsworker.transports import OutgoingMessage, send_all
 from sqsworker.transports.sqs import SQSTransport
 
-from ..conftest import unique
+from ..conftest import unique, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,6 +109,49 @@ def test_concurrent_receives_never_hand_one_message_to_two_consumers(
         sys.setswitchinterval(switch)
     assert not errors
     assert len(seen) == 300 and set(seen.values()) == {1}
+
+
+def test_a_fifo_group_in_flight_is_not_handed_to_a_second_long_poll(
+    local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two long polls wait on an empty FIFO queue and one group's messages arrive: one
+    poll takes the group's first messages and the other gets the next ones only once
+    those are deleted, as SQS does. moto's own long poll kept the groups in flight it saw
+    when it began and handed out the later messages at once (a worker with parallel
+    receives then ran a group out of order)."""
+    from moto.sqs.models import sqs_backends
+
+    for key, value in local_sqs.env().items():
+        monkeypatch.setenv(key, value)
+    name = unique("groups") + ".fifo"
+    local_sqs.create_queue(name, max_receive_count=None, visibility_timeout=60)
+    backends = sqs_backends[next(iter(sqs_backends))]
+    waiters = backends[REGION].queues[name]._messages_lock._waiters
+    answers: list[tuple[list[str], bool]] = []
+    deleted = threading.Event()
+    lock = threading.Lock()
+
+    def poll() -> None:
+        transport = SQSTransport.connect(name)
+        got = transport.receive(2, 10, 60, None)
+        with lock:
+            answers.append(([e.body for e in got], deleted.is_set()))
+            first = not deleted.is_set()
+        if got and first:
+            transport.delete_batch([(e.message_id, e.receipt_handle) for e in got])
+            deleted.set()
+
+    polls = [threading.Thread(target=poll) for _ in range(2)]
+    for thread in polls:
+        thread.start()
+    wait_until(lambda: len(waiters) == 2, what="both long polls waiting")
+    send_all(
+        SQSTransport.connect(name),
+        [OutgoingMessage(f"m{i}", group_id="g", deduplication_id=f"m{i}") for i in range(6)],
+    )
+    for thread in polls:
+        thread.join(30)
+    assert answers == [(["m0", "m1"], False), (["m2", "m3"], True)]
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # moto's
