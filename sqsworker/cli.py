@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from types import FrameType
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from . import __version__, config, logs
 from .errors import ConfigError, StartupError
 from .events import Observer, Observers, Tally
-from .handler import as_handler
-from .importer import import_from_string
 from .metrics import Metrics
+from .process import Process, configure, find_handlers
 from .telemetry import TelemetryServer
 from .worker import Worker
 
@@ -42,11 +42,29 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
-        help="run a handler until SIGTERM",
-        description="Run a handler until SIGTERM or SIGINT. Every option can also be set "
-        "with an environment variable SQSWORKER_<OPTION>; the command line wins.",
+        help="run handlers until SIGTERM",
+        description="Run one handler, or several side by side (each on its own queue, with "
+        "its own threads), until SIGTERM or SIGINT. Every option can also be set with an "
+        "environment variable SQSWORKER_<OPTION>, for every handler, or "
+        "SQSWORKER_<HANDLER>__<OPTION> (--set HANDLER.OPTION=VALUE) for one; the command "
+        "line wins over the environment, and one handler's setting over every handler's.",
     )
-    run.add_argument("target", metavar="MODULE:ATTR", help="the handler, e.g. app:process")
+    run.add_argument(
+        "targets",
+        nargs="+",
+        metavar="TARGET",
+        help="MODULE:ATTR for one handler (e.g. app:process), or MODULE for every "
+        "@sqsworker.handler the module holds",
+    )
+    run.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="HANDLER.OPTION=VALUE",
+        help="an option of one handler only, e.g. --set payments.concurrency=2 (repeat); "
+        "HANDLER is the name it was imported as [env SQSWORKER_<HANDLER>__<OPTION>]",
+    )
     for f in config.options():
         default = f.metadata["default_text"] or (
             f.default if f.default not in ((), None, "") else "none"
@@ -130,54 +148,74 @@ class Signals:
         self.received.set()
 
 
-def run(target: str, cli_options: dict[str, str | None]) -> int:
+def run(
+    targets: Sequence[str], cli_options: dict[str, str | None], sets: Sequence[str] = ()
+) -> int:
     try:
-        handler = as_handler(import_from_string(target), target)
-        cfg = config.resolve(cli_options, os.environ, handler.options)
+        handlers = find_handlers(targets)
+        configs = configure(handlers, cli_options, sets, os.environ)
     except ConfigError as exc:
         fail(str(exc))
         return EXIT_USAGE
-    logs.configure(cfg.log_level, cfg.log_format)
-    for warning in config.unknown_variables(os.environ):
-        structlog.get_logger("sqsworker").warning(warning)
-    tally = Tally()
-    observers: list[Observer] = [logs.LogObserver(handler.name, log_bodies=cfg.log_bodies), tally]
-    metrics = Metrics(cfg.queue, handler.name) if cfg.metrics_port is not None else None
-    if metrics:
-        observers.append(metrics)
-    worker = Worker(handler, cfg, observer=Observers(observers))
+    first = configs[0]  # the process-wide options are the same in every handler's
+    logs.configure(first.log_level, first.log_format)
+    log = structlog.get_logger("sqsworker")
+    for warning in config.unknown_variables(os.environ, [h.name for h in handlers]):
+        log.warning(warning)
+    several = len(handlers) > 1
+    registry = CollectorRegistry() if first.metrics_port is not None else None
+    workers: dict[str, Worker] = {}
+    tallies: dict[str, Tally] = {}
+    for named, cfg in zip(handlers, configs, strict=True):
+        tally = tallies[named.name] = Tally()
+        # Several handlers share one log stream: each line says whose it is.
+        own_log = log.bind(handler=named.handler.name) if several else None
+        observers: list[Observer] = [
+            logs.LogObserver(named.handler.name, own_log, log_bodies=cfg.log_bodies),
+            tally,
+        ]
+        metrics = None
+        if registry is not None:
+            metrics = Metrics(cfg.queue, named.handler.name, registry=registry)
+            observers.append(metrics)
+        worker = workers[named.name] = Worker(named.handler, cfg, observer=Observers(observers))
+        if metrics:
+            metrics.watch(worker)
+    process = Process(workers)
     signals = Signals()
     signals.install()
     server: TelemetryServer | None = None
-    if metrics and cfg.metrics_port is not None:
-        metrics.watch(worker)
+    if registry is not None and first.metrics_port is not None:
         try:
             server = TelemetryServer(
-                metrics.registry, worker.health, cfg.metrics_host, cfg.metrics_port
+                registry, process.health, first.metrics_host, first.metrics_port
             ).start()
         except OSError as exc:
             fail(
-                f"could not serve metrics on {cfg.metrics_host}:{cfg.metrics_port} "
+                f"could not serve metrics on {first.metrics_host}:{first.metrics_port} "
                 f"({exc.strerror or exc}); choose another --metrics-port, or pass off"
             )
             return EXIT_STARTUP
     try:
         try:
-            worker.start()
+            process.start()
         except StartupError as exc:
             fail(str(exc))
             return EXIT_STARTUP
         if server:
-            structlog.get_logger("sqsworker").info(
+            log.info(
                 "serving /metrics, /healthz and /readyz",
-                address=f"http://{cfg.metrics_host}:{server.port}",
+                address=f"http://{first.metrics_host}:{server.port}",
                 port=server.port,
             )
-        while not worker.wait(0.2):  # signal handlers take no locks; act on their flag here
+        while not process.wait(0.2):  # signal handlers take no locks; act on their flag here
             if signals.received.is_set():
-                worker.request_stop()
-        code = worker.shutdown()
-        logs.summary(tally.counts)
+                process.request_stop()
+        code = process.shutdown()
+        for name, tally in tallies.items():
+            logs.summary(
+                tally.counts, **({"handler": workers[name].handler.name} if several else {})
+            )
         return code
     finally:
         if server:
@@ -272,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_command(args)
     options = {f.name: getattr(args, f.name) for f in config.options()}
-    return run(args.target, options)
+    return run(args.targets, options, args.sets)
 
 
 if __name__ == "__main__":

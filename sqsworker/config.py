@@ -3,14 +3,17 @@
 Each field carries its own command-line flag, ``SQSWORKER_*`` environment variable,
 parser and help text, so the CLI, the environment, the ``@handler`` decorator and
 the docs all read the same list. Precedence: command line, environment,
-decorator, default.
+decorator, default; within the command line and within the environment, an option
+set for one handler (``--set orders.concurrency=4``, ``SQSWORKER_ORDERS__CONCURRENCY``)
+wins over the same option set for every handler.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +29,9 @@ LOG_FORMATS = ("auto", "json", "console")
 KEY_CONFLICT_OUTCOMES = ("reject", "suppress")
 
 ENV_PREFIX = "SQSWORKER_"
+HANDLER_SEPARATOR = "__"  # SQSWORKER_<HANDLER>__<OPTION>
+# One for the whole process, whatever the handlers: the telemetry server and the log stream.
+PROCESS_OPTIONS = ("metrics_port", "metrics_host", "log_level", "log_format")
 
 
 def _parse_bool(raw: str) -> bool:
@@ -340,33 +346,107 @@ def options() -> list[dataclasses.Field[Any]]:
     return list(dataclasses.fields(WorkerConfig))
 
 
-def unknown_variables(env: Mapping[str, str]) -> list[str]:
+def handler_env_name(handler: str) -> str:
+    """``orders`` -> ``ORDERS``, ``send-email`` -> ``SEND_EMAIL``: the handler's part of
+    ``SQSWORKER_<HANDLER>__<OPTION>``."""
+    return re.sub(r"[^A-Za-z0-9]", "_", handler).upper()
+
+
+def handler_env_var(handler: str, name: str) -> str:
+    return ENV_PREFIX + handler_env_name(handler) + HANDLER_SEPARATOR + name.upper()
+
+
+def unknown_variables(env: Mapping[str, str], handlers: Sequence[str] = ()) -> list[str]:
     """A warning for each SQSWORKER_ variable that names no option (a typo is otherwise
-    silently ignored), with the nearest option's variable."""
+    silently ignored), with the nearest option's variable. ``handlers`` are the names of
+    the handlers this process runs, for ``SQSWORKER_<HANDLER>__<OPTION>``."""
     known = [f.name.upper() for f in options()]
+    by_env_name = {handler_env_name(h): h for h in handlers}
     warnings = []
     for name in sorted(env):
+        if not name.startswith(ENV_PREFIX):
+            continue
         option = name.removeprefix(ENV_PREFIX)
-        if name.startswith(ENV_PREFIX) and option not in known:
+        scope, separator, scoped = option.rpartition(HANDLER_SEPARATOR)
+        if separator and scoped in known and scope not in by_env_name:
+            running = ", ".join(sorted(by_env_name)) or "none"
+            warnings.append(
+                f"{name} is for a handler named {scope.lower()}, which this process does not "
+                f"run, and is ignored (its handlers: {running.lower()})"
+            )
+            continue
+        if separator and scope in by_env_name:
+            option = scoped
+        if option not in known:
             near = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
-            hint = f"did you mean {ENV_PREFIX}{near[0]}?" if near else "see sqsworker run --help"
+            prefix = name[: len(name) - len(option)]
+            hint = f"did you mean {prefix}{near[0]}?" if near else "see sqsworker run --help"
             warnings.append(f"{name} is not an sqsworker option and is ignored: {hint}")
     return warnings
+
+
+def parse_sets(raw: Sequence[str], handlers: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``--set HANDLER.OPTION=VALUE`` arguments, as {handler: {option: value}}."""
+    known = {f.name for f in options()}
+    sets: dict[str, dict[str, str]] = {}
+    for item in raw:
+        target, equals, value = item.partition("=")
+        handler, dot, option = target.strip().rpartition(".")
+        if not equals or not dot or not handler or not option:
+            raise ConfigError(
+                f"--set {item!r} is not HANDLER.OPTION=VALUE: write it like "
+                "--set payments.concurrency=2"
+            )
+        option = option.replace("-", "_").lower()
+        if handler not in handlers:
+            raise ConfigError(
+                f"--set {item!r} names the handler {handler!r}, which this process does not "
+                f"run: its handlers are {', '.join(handlers)}"
+            )
+        if option not in known:
+            near = difflib.get_close_matches(option, sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {handler}.{near[0]}?" if near else "see sqsworker run --help"
+            raise ConfigError(f"--set {item!r}: {option!r} is not an option: {hint}")
+        if option in PROCESS_OPTIONS:
+            raise ConfigError(
+                f"--set {item!r}: {label(option)} is one for the whole process, not per "
+                f"handler: use {flag(option)} or {env_var(option)}"
+            )
+        sets.setdefault(handler, {})[option] = value
+    return sets
 
 
 def resolve(
     cli: Mapping[str, str | None],
     env: Mapping[str, str],
     decorator: Mapping[str, Any],
+    *,
+    handler: str | None = None,
+    handler_cli: Mapping[str, str] | None = None,
 ) -> WorkerConfig:
-    """Build the configuration from its layers, naming the source of any bad value."""
+    """Build the configuration from its layers, naming the source of any bad value.
+
+    With ``handler``, the options set for that handler alone come first in each layer:
+    ``handler_cli`` (from ``--set``) before the command line's flags, and
+    ``SQSWORKER_<HANDLER>__<OPTION>`` before ``SQSWORKER_<OPTION>``.
+    """
+    handler_cli = handler_cli or {}
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
     for f in options():
         parse: Callable[[str], Any] = f.metadata["parse"]
+        own_env = (
+            handler_env_var(handler, f.name)
+            if handler is not None and f.name not in PROCESS_OPTIONS
+            else None
+        )
         raw: str | None = None
-        if cli.get(f.name) is not None:
+        if f.name in handler_cli:
+            raw, origin = handler_cli[f.name], f"--set {handler}.{f.name}"
+        elif cli.get(f.name) is not None:
             raw, origin = cli[f.name], flag(f.name)
+        elif own_env is not None and own_env in env:
+            raw, origin = env[own_env], own_env
         elif env_var(f.name) in env:
             raw, origin = env[env_var(f.name)], env_var(f.name)
         elif f.name in decorator:

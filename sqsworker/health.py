@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .clock import Clock
 
@@ -79,6 +81,28 @@ class Health:
             "lease": _thread(self.lease_alive, self.lease_overdue),
             "handlers": f"{self.handlers_alive} of {self.handlers} running",
             **({} if self.claims_alive is None else {"claims": _thread(self.claims_alive, 0.0)}),
+        }
+
+
+@dataclass(frozen=True)
+class ProcessHealth:
+    """Several workers' health: live and ready only while every one of them is."""
+
+    parts: Mapping[str, Health]
+
+    @property
+    def live(self) -> bool:
+        return all(part.live for part in self.parts.values())
+
+    @property
+    def ready(self) -> bool:
+        return all(part.ready for part in self.parts.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "live": self.live,
+            "ready": self.ready,
+            "workers": {name: part.as_dict() for name, part in self.parts.items()},
         }
 
 

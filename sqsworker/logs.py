@@ -73,10 +73,11 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     root.setLevel(logging.WARNING)
 
 
-def summary(counts: Mapping[str, int]) -> None:
+def summary(counts: Mapping[str, int], **fields: Any) -> None:
     """The closing line of `sqsworker run`: what this worker did."""
     structlog.get_logger("sqsworker").info(
         "summary",
+        **fields,
         received=counts.get("received", 0),
         succeeded=counts.get("succeeded", 0),
         failed=counts.get("failed", 0),

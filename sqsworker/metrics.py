@@ -3,8 +3,9 @@
 Counters and histograms move with the worker's events. What the worker holds
 now (messages by state, the oldest lease's distance to the 12-hour cap, SQS
 requests so far) is read from the worker when Prometheus scrapes, so the hot
-path pays nothing for it. Each ``Metrics`` has its own registry, so several
-workers can live in one process. Every metric is listed in docs/observability.md.
+path pays nothing for it. Several handlers' ``Metrics`` may share one registry (one
+process, one /metrics): each series is labelled with its queue and handler. Every
+metric is listed in docs/observability.md.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -39,19 +41,12 @@ def queue_name(queue: str) -> str:
     return queue.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
 
 
-class Metrics(Observer):
-    def __init__(
-        self,
-        queue: str,
-        handler: str,
-        *,
-        registry: CollectorRegistry | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        self.registry = registry or CollectorRegistry()
-        self.clock: Clock = clock or SystemClock()
-        self.labels = {"queue": queue_name(queue), "handler": handler}
-        r = self.registry
+class _Families:
+    """The metric families of one registry: the handlers of one process share them, each
+    with its own queue and handler labels."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
 
         def counter(name: str, text: str, *extra: str) -> Counter:
             return Counter(name, text, [*LABELS, *extra], registry=r)
@@ -177,32 +172,60 @@ class Metrics(Observer):
             "sqsworker_info", "Always 1; its labels tell the version.", ["version"], registry=r
         )
         self.build_info.labels(version=__version__).set(1)
+        self.held = _HeldCollector()
+        r.register(self.held)
+
+
+_FAMILIES: WeakKeyDictionary[CollectorRegistry, _Families] = WeakKeyDictionary()
+
+
+class Metrics(Observer):
+    """What one handler's worker does, as metrics labelled with its queue and handler.
+
+    Several may share a registry (several handlers in one process): the first creates
+    the metric families there, the others add their labels to them.
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        handler: str,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.clock: Clock = clock or SystemClock()
+        self.labels = {"queue": queue_name(queue), "handler": handler}
+        if self.registry not in _FAMILIES:
+            _FAMILIES[self.registry] = _Families(self.registry)
+        f = self.f = _FAMILIES[self.registry]
         # Children bound once: .labels() takes a lock and a lookup, too dear per message.
         bound = self.labels
-        self._received = self.messages_received.labels(**bound)
-        self._succeeded = self.messages_succeeded.labels(**bound)
-        self._retried = self.messages_retried.labels(**bound)
-        self._retry_requested = self.messages_retry_requested.labels(**bound)
-        self._skipped = self.messages_skipped.labels(**bound)
-        self._deletes = self.deletes.labels(**bound)
-        self._extensions = self.extensions.labels(**bound)
-        self._lost = self.leases_lost.labels(**bound)
-        self._near_cap = self.near_cap.labels(**bound)
-        self._handed_back = self.handed_back.labels(**bound)
-        self._fifo_handed_back = self.fifo_handed_back.labels(**bound)
-        self._late_deletes = self.deletes_after_lease_lost.labels(**bound)
-        self._empty = self.empty_receives.labels(**bound)
-        self._receive_failures = self.receive_failures.labels(**bound)
-        self._age = self.age.labels(**bound)
-        self._receive_count = self.receive_count.labels(**bound)
-        self._succeeded_duration = self.duration.labels(**bound, outcome="success")
-        self._suppressed = self.duplicates_suppressed.labels(**bound)
-        self._deferred = self.duplicates_deferred.labels(**bound)
-        self._claims_lost = self.claims_lost.labels(**bound)
+        self._received = f.messages_received.labels(**bound)
+        self._succeeded = f.messages_succeeded.labels(**bound)
+        self._retried = f.messages_retried.labels(**bound)
+        self._retry_requested = f.messages_retry_requested.labels(**bound)
+        self._skipped = f.messages_skipped.labels(**bound)
+        self._deletes = f.deletes.labels(**bound)
+        self._extensions = f.extensions.labels(**bound)
+        self._lost = f.leases_lost.labels(**bound)
+        self._near_cap = f.near_cap.labels(**bound)
+        self._handed_back = f.handed_back.labels(**bound)
+        self._fifo_handed_back = f.fifo_handed_back.labels(**bound)
+        self._late_deletes = f.deletes_after_lease_lost.labels(**bound)
+        self._empty = f.empty_receives.labels(**bound)
+        self._receive_failures = f.receive_failures.labels(**bound)
+        self._age = f.age.labels(**bound)
+        self._receive_count = f.receive_count.labels(**bound)
+        self._succeeded_duration = f.duration.labels(**bound, outcome="success")
+        self._suppressed = f.duplicates_suppressed.labels(**bound)
+        self._deferred = f.duplicates_deferred.labels(**bound)
+        self._claims_lost = f.claims_lost.labels(**bound)
 
     def watch(self, worker: Worker) -> None:
         """Also report what ``worker`` holds and the SQS requests it made, at each scrape."""
-        self.registry.register(_HeldCollector(worker, self.labels))
+        self.f.held.watch(worker, self.labels)
 
     # -- events ------------------------------------------------------------------------
 
@@ -233,10 +256,10 @@ class Metrics(Observer):
         retry_in: float,
         last_attempt: bool,
     ) -> None:
-        self.messages_failed.labels(**self.labels, exception=type(error).__name__).inc()
-        self.duration.labels(**self.labels, outcome="failure").observe(duration)
+        self.f.messages_failed.labels(**self.labels, exception=type(error).__name__).inc()
+        self.f.duration.labels(**self.labels, outcome="failure").observe(duration)
         if last_attempt:
-            self.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
+            self.f.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
         else:
             self._retried.inc()
 
@@ -244,19 +267,19 @@ class Metrics(Observer):
         self, message: Message, request: Retry, duration: float, retry_in: float, last_attempt: bool
     ) -> None:
         self._retry_requested.inc()
-        self.duration.labels(**self.labels, outcome="retry").observe(duration)
+        self.f.duration.labels(**self.labels, outcome="retry").observe(duration)
         if last_attempt:
-            self.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
+            self.f.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
         else:
             self._retried.inc()
 
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
     ) -> None:
-        self.messages_rejected.labels(**self.labels, exception=type(error).__name__).inc()
-        self.duration.labels(**self.labels, outcome="rejected").observe(duration)
+        self.f.messages_rejected.labels(**self.labels, exception=type(error).__name__).inc()
+        self.f.duration.labels(**self.labels, outcome="rejected").observe(duration)
         if dead_letter:
-            self.messages_dead_lettered.labels(**self.labels, reason="rejected").inc()
+            self.f.messages_dead_lettered.labels(**self.labels, reason="rejected").inc()
 
     def handler_skipped(self, message: Message, reason: str) -> None:
         self._skipped.inc()
@@ -265,7 +288,7 @@ class Metrics(Observer):
         self._deletes.inc(len(messages))
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
-        self.delete_failures.labels(**self.labels, will_retry=str(will_retry).lower()).inc()
+        self.f.delete_failures.labels(**self.labels, will_retry=str(will_retry).lower()).inc()
 
     def returned(self, messages: Sequence[Message], delay: float, reason: str) -> None:
         if reason == "shutdown":
@@ -284,10 +307,10 @@ class Metrics(Observer):
         retry_in: float,
         last_attempt: bool,
     ) -> None:
-        self.messages_rejected.labels(**self.labels, exception=type(error).__name__).inc()
-        self.duration.labels(**self.labels, outcome="rejected").observe(duration)
+        self.f.messages_rejected.labels(**self.labels, exception=type(error).__name__).inc()
+        self.f.duration.labels(**self.labels, outcome="rejected").observe(duration)
         if last_attempt:
-            self.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
+            self.f.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
 
     def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:
         self._extensions.inc(len(messages))
@@ -305,25 +328,26 @@ class Metrics(Observer):
         self._deferred.inc()
 
     def key_conflict(self, message: Message, outcome: str) -> None:
-        self.key_conflicts.labels(**self.labels, outcome=outcome).inc()
+        self.f.key_conflicts.labels(**self.labels, outcome=outcome).inc()
 
     def claim_lost(self, message: Message, reason: str) -> None:
         self._claims_lost.inc()
 
     def store_failed(self, operation: str, error: BaseException) -> None:
-        self.store_errors.labels(**self.labels, operation=operation).inc()
+        self.f.store_errors.labels(**self.labels, operation=operation).inc()
 
 
 class _HeldCollector(Collector):
-    """Gauges read from the worker at scrape time."""
+    """Gauges read from the workers at scrape time: one family each, a series per worker."""
 
-    def __init__(self, worker: Worker, labels: dict[str, str]) -> None:
-        self.worker = worker
-        self.labels = labels
+    def __init__(self) -> None:
+        self.workers: list[tuple[Worker, dict[str, str]]] = []
+
+    def watch(self, worker: Worker, labels: dict[str, str]) -> None:
+        self.workers.append((worker, labels))
 
     def collect(self) -> Iterator[Metric]:
-        names, values = list(self.labels), list(self.labels.values())
-        keeper = self.worker.keeper
+        names = list(LABELS)
         held = GaugeMetricFamily(
             "sqsworker_messages_held",
             "Messages held now, by state: running, or waiting for a handler thread.",
@@ -335,30 +359,32 @@ class _HeldCollector(Collector):
             "(NaN when none is held).",
             labels=names,
         )
-        if keeper is not None:
-            snapshot = keeper.snapshot()
-            held.add_metric([*values, "running"], snapshot.running)
-            held.add_metric([*values, "waiting"], snapshot.waiting)
-            left = math.nan
-            if snapshot.oldest_received_at is not None:
-                elapsed = self.worker.clock.monotonic() - snapshot.oldest_received_at
-                left = max(0.0, MAX_VISIBILITY - elapsed)
-            cap.add_metric(values, left)
-        yield held
-        yield cap
         requests = CounterMetricFamily(
             "sqsworker_sqs_requests",
             "SQS API requests sent, by action and outcome (success or the error code); "
             "retries count as requests.",
             labels=[*names, "action", "outcome"],
         )
-        if self.worker.started:
-            transport = self.worker.transport
-            sent = dict(transport.requests)
-            errors = dict(transport.request_errors)
-            for action, count in sorted(sent.items()):
-                failed = sum(n for (a, _), n in errors.items() if a == action)
-                requests.add_metric([*values, action, "success"], count - failed)
-            for (action, code), count in sorted(errors.items()):
-                requests.add_metric([*values, action, code], count)
+        for worker, labels in list(self.workers):
+            values = [labels[name] for name in names]
+            keeper = worker.keeper
+            if keeper is not None:
+                snapshot = keeper.snapshot()
+                held.add_metric([*values, "running"], snapshot.running)
+                held.add_metric([*values, "waiting"], snapshot.waiting)
+                left = math.nan
+                if snapshot.oldest_received_at is not None:
+                    elapsed = worker.clock.monotonic() - snapshot.oldest_received_at
+                    left = max(0.0, MAX_VISIBILITY - elapsed)
+                cap.add_metric(values, left)
+            if worker.started:
+                sent = dict(worker.transport.requests)
+                errors = dict(worker.transport.request_errors)
+                for action, count in sorted(sent.items()):
+                    failed = sum(n for (a, _), n in errors.items() if a == action)
+                    requests.add_metric([*values, action, "success"], count - failed)
+                for (action, code), count in sorted(errors.items()):
+                    requests.add_metric([*values, action, code], count)
+        yield held
+        yield cap
         yield requests

@@ -21,7 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from .health import Health
+from .health import Health, ProcessHealth
 
 StartResponse = Callable[..., Any]
 
@@ -39,7 +39,7 @@ class TelemetryServer:
     def __init__(
         self,
         registry: CollectorRegistry,
-        health: Callable[[], Health],
+        health: Callable[[], Health | ProcessHealth],
         host: str = "0.0.0.0",
         port: int = 9000,
     ) -> None:

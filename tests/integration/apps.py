@@ -4,6 +4,7 @@
 one short line are atomic, so several processes can share it): "start KIND ID
 RECEIVE PID" and "done KIND ID RECEIVE PID". The body's "sleep" is seconds to
 take; kind "fail" always raises, "fail_once" raises on the first receive.
+``work_too`` is the same, for a second queue served by the same process.
 
 ``pay``: a transactional handler. It inserts one row per run into the table
 ``effects`` of the idempotency store's own database (SQLite or PostgreSQL), inside
@@ -40,6 +41,12 @@ def work(message: sqsworker.Message) -> None:
     if body.get("fail_once") and message.receive_count == 1:
         raise RuntimeError(f"order {body['id']} fails on its first attempt")
     _record("done", body, message)
+
+
+@sqsworker.handler()
+def work_too(message: sqsworker.Message) -> None:
+    """``work`` under another name: a second handler, on a second queue, in one process."""
+    work(message)
 
 
 @sqsworker.handler()

@@ -41,18 +41,19 @@ class Rig:
         transport: Transport | None = None,
         observers: Sequence[Observer] = (),
         store: Store | None = None,
+        queue: str = "jobs",
         **options: Any,
     ) -> None:
         self.memory, self.clock = memory, clock
         if dead_letter:
-            memory.create_queue_with_dlq("jobs", max_receive_count)
+            memory.create_queue_with_dlq(queue, max_receive_count)
         else:
-            memory.create_queue("jobs")
-        self.queue = memory.transport("jobs")
-        self.dlq = memory.transport("jobs-dlq") if dead_letter else None
+            memory.create_queue(queue)
+        self.queue = memory.transport(queue)
+        self.dlq = memory.transport(f"{queue}-dlq") if dead_letter else None
         self.tally = Tally()
         settings: dict[str, Any] = {
-            "queue": "jobs",
+            "queue": queue,
             "wait_time": 0,
             "delete_interval": 0,
             "visibility_timeout": 10,
@@ -61,7 +62,7 @@ class Rig:
         self.worker = Worker(
             handler,
             WorkerConfig(**{**settings, **options}),
-            transport=transport or memory.transport("jobs"),
+            transport=transport or memory.transport(queue),
             clock=clock,
             observer=Observers([self.tally, *observers]),
             backoff=Backoff(2.0, 900.0, random.Random(7)),

@@ -65,6 +65,30 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             pass
     """)
     )
+    (tmp_path / "twoapp.py").write_text(
+        textwrap.dedent("""
+        import sqsworker
+
+        @sqsworker.handler(queue="orders")
+        def orders(message):
+            pass
+
+        @sqsworker.handler(queue="payments")
+        def payments(message):
+            pass
+    """)
+    )
+    (tmp_path / "clashapp.py").write_text(
+        textwrap.dedent("""
+        import sqsworker
+        from twoapp import orders
+
+        @sqsworker.handler(queue="refunds", metrics_port=9100)
+        def process(message):
+            pass
+    """)
+    )
+    (tmp_path / "plainapp.py").write_text("def process(message):\n    pass\n")
     (tmp_path / "brokenapp.py").write_text("import a_dependency_that_is_missing\n")
     (tmp_path / "raisingapp.py").write_text("raise RuntimeError('bad settings')\n")
     monkeypatch.chdir(tmp_path)
@@ -81,7 +105,17 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             2,
             "module 'goodapp' has no attribute 'missing' (its functions: process)",
         ),
-        (["run", "goodapp"], 2, "'goodapp' is not an import string: write MODULE:ATTR"),
+        (["run", "plainapp"], 2, "module 'plainapp' defines no @sqsworker.handler"),
+        (["run", "no such"], 2, "'no such' is neither MODULE:ATTR nor a module name"),
+        (["run", "goodapp:process", "goodapp"], 2, "goodapp:process is named twice"),
+        (["run", "goodapp", "clashapp"], 2, "two handlers are named 'process'"),
+        (["run", "twoapp", "--queue", "jobs"], 2, "orders and payments would both consume"),
+        (["run", "twoapp", "--set", "orders"], 2, "'orders' is not HANDLER.OPTION=VALUE"),
+        (["run", "twoapp", "--set", "order.concurrency=2"], 2, "handlers are orders, payments"),
+        (["run", "twoapp", "--set", "orders.concurency=2"], 2, "mean orders.concurrency?"),
+        (["run", "twoapp", "--set", "orders.metrics-port=1"], 2, "one for the whole process"),
+        (["run", "twoapp", "--set", "orders.concurrency=0"], 2, "(set by --set orders.concu"),
+        (["run", "clashapp"], 2, "orders and process ask for different metrics ports"),
         (["run", "brokenapp:x"], 2, "importing module 'brokenapp' failed: ModuleNotFoundError"),
         (["run", "raisingapp:x"], 2, "RuntimeError: bad settings at"),
         (["run", "goodapp:process", "--visibility-timeout", "50000"], 2, "43200"),
@@ -102,6 +136,48 @@ def test_the_configuration_page_lists_every_option() -> None:
     page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     for f in config.options():
         assert f"`{config.flag(f.name)}`" in page and f"`{config.env_var(f.name)}`" in page, f.name
+
+
+def test_one_handlers_option_wins_over_every_handlers_within_each_layer() -> None:
+    def concurrency(cli: int | None, sets: dict[str, str], env: dict[str, str]) -> int:
+        options = {"concurrency": None if cli is None else str(cli)}
+        resolved = config.resolve(
+            options, env, {"queue": "orders"}, handler="orders", handler_cli=sets
+        )
+        return resolved.concurrency
+
+    env = {"SQSWORKER_CONCURRENCY": "4", "SQSWORKER_ORDERS__CONCURRENCY": "8"}
+    assert concurrency(None, {}, {"SQSWORKER_CONCURRENCY": "4"}) == 4
+    assert concurrency(None, {}, env) == 8
+    assert concurrency(3, {}, env) == 3  # the command line wins over the environment
+    assert concurrency(3, {"concurrency": "2"}, env) == 2
+    # Another handler's variable is not this one's.
+    assert concurrency(None, {}, {"SQSWORKER_PAYMENTS__CONCURRENCY": "8"}) == 10
+
+
+def test_a_process_wide_option_set_for_one_handler_is_refused(
+    app_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SQSWORKER_ORDERS__LOG_LEVEL", "debug")
+    assert main(["run", "twoapp"]) == 2
+    assert capsys.readouterr().err == (
+        "sqsworker: error: SQSWORKER_ORDERS__LOG_LEVEL: log level is one for the whole "
+        "process, not per handler: set SQSWORKER_LOG_LEVEL instead.\n"
+    )
+
+
+def test_variables_for_handlers_not_run_here_are_named() -> None:
+    env = {
+        "SQSWORKER_ORDERS__CONCURRENCY": "4",
+        "SQSWORKER_REFUNDS__CONCURRENCY": "2",
+        "SQSWORKER_ORDERS__CONCURENCY": "4",
+    }
+    assert config.unknown_variables(env, ["orders", "payments"]) == [
+        "SQSWORKER_ORDERS__CONCURENCY is not an sqsworker option and is ignored: "
+        "did you mean SQSWORKER_ORDERS__CONCURRENCY?",
+        "SQSWORKER_REFUNDS__CONCURRENCY is for a handler named refunds, which this process "
+        "does not run, and is ignored (its handlers: orders, payments)",
+    ]
 
 
 def test_unknown_sqsworker_variables_are_named_with_the_nearest_option() -> None:

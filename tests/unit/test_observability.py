@@ -11,12 +11,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from sqsworker import Message, Reject, Retry
 from sqsworker.clock import FakeClock
 from sqsworker.errors import TransportError
 from sqsworker.logs import LogObserver, summary
 from sqsworker.metrics import Metrics
+from sqsworker.process import Process
 from sqsworker.telemetry import TelemetryServer
 from sqsworker.transports import BatchResult, Envelope
 from sqsworker.transports.memory import MemorySQS, MemoryTransport
@@ -376,3 +378,55 @@ def test_a_message_handed_back_twice_counts_twice_in_the_log_the_summary_and_the
     assert lines["summary"]["handed_back"] == 2
     assert sample(metrics, "sqsworker_messages_handed_back_total") == 2
     assert memory.counts("jobs").total == 1  # "waits", visible again; "runs" deleted
+
+
+def test_two_handlers_in_one_process_share_one_metrics_page_and_one_health(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    registry = CollectorRegistry()
+    orders = Metrics("orders", "app.orders", registry=registry, clock=clock)
+    refunds = Metrics("refunds", "app.refunds", registry=registry, clock=clock)
+    gate = Gate()
+    fast = Rig(memory, clock, lambda message: None, queue="orders", observers=[orders])
+    slow = Rig(memory, clock, gate, queue="refunds", observers=[refunds])
+    orders.watch(fast.worker)
+    refunds.watch(slow.worker)
+    process = Process({"orders": fast.worker, "refunds": slow.worker})
+    server = TelemetryServer(registry, process.health, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        fast.send(*["o"] * 5)
+        slow.send("r")
+        process.start()
+        fast.advance_until(lambda: fast.count("deleted") == 5)
+        assert gate.started.wait(10)  # the slow queue's handler holds its message meanwhile
+
+        status, page = http_get(base + "/metrics")
+        assert status == 200
+        # One family per name, a series per handler: a second HELP line would break scrapes.
+        assert page.count("# HELP sqsworker_messages_received_total ") == 1
+        assert page.count("# HELP sqsworker_messages_held ") == 1
+        received = "sqsworker_messages_received_total"
+        assert (
+            registry.get_sample_value(received, {"queue": "orders", "handler": "app.orders"}) == 5
+        )
+        assert (
+            registry.get_sample_value(received, {"queue": "refunds", "handler": "app.refunds"}) == 1
+        )
+        held = {"queue": "refunds", "handler": "app.refunds", "state": "running"}
+        assert registry.get_sample_value("sqsworker_messages_held", held) == 1
+
+        status, body = http_get(base + "/healthz")
+        report = json.loads(body)
+        assert status == 200 and report["live"] and set(report["workers"]) == {"orders", "refunds"}
+        assert report["workers"]["refunds"]["receiver"] == "ok"
+        assert http_get(base + "/readyz")[0] == 200
+
+        process.request_stop()
+        assert http_get(base + "/readyz")[0] == 503  # stopping: neither takes new work
+        gate.release.set()
+        assert process.shutdown() == 0
+    finally:
+        gate.release.set()
+        server.stop()
+    assert slow.count("deleted") == 1

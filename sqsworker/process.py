@@ -1,0 +1,196 @@
+"""Several handlers in one process: ``sqsworker run app:orders app:payments``, or
+``sqsworker run app`` for every handler the module defines.
+
+Each handler runs its own ``Worker`` on its own queue, with its own threads, options,
+leases and idempotency store, so a slow queue never starves another. The process has
+one telemetry server, one log stream, one signal handler and one shutdown: every
+worker stops receiving at once and they shut down side by side.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from . import config
+from .config import PROCESS_OPTIONS, WorkerConfig
+from .errors import ConfigError, ImportStringError
+from .handler import Handler, as_handler
+from .health import Health, ProcessHealth
+from .importer import import_from_string
+from .metrics import queue_name
+from .worker import Worker
+
+
+@dataclass(frozen=True)
+class Named:
+    """A handler and the name its per-handler options use: the attribute it was found as."""
+
+    name: str
+    handler: Handler
+    target: str
+
+
+def find_handlers(targets: Sequence[str]) -> list[Named]:
+    """The handlers ``targets`` name: ``MODULE:ATTR`` is one, ``MODULE`` every handler
+    (``@sqsworker.handler``) among the module's attributes."""
+    found: list[Named] = []
+    for target in targets:
+        if ":" in target:
+            attr = target.partition(":")[2]
+            handler = as_handler(import_from_string(target), target)
+            found.append(Named(attr.rsplit(".", 1)[-1], handler, target))
+            continue
+        found.extend(_module_handlers(target))
+    names: dict[str, Named] = {}
+    for named in found:
+        same = names.get(named.name)
+        if same is not None and same.handler is named.handler:
+            raise ConfigError(
+                f"the handler {named.target} is named twice ({same.target} and "
+                f"{named.target}): name each handler once"
+            )
+        if same is not None:
+            raise ConfigError(
+                f"two handlers are named {named.name!r} ({same.target} and {named.target}), "
+                "and per-handler options (--set NAME.OPTION, SQSWORKER_NAME__OPTION) could "
+                "not tell them apart: import one of them under another name"
+            )
+        names[named.name] = named
+    return found
+
+
+def _module_handlers(module_name: str) -> list[Named]:
+    if not module_name or not all(part.isidentifier() for part in module_name.split(".")):
+        raise ImportStringError(
+            f"{module_name!r} is neither MODULE:ATTR nor a module name: write app:process "
+            "for one handler, or app for every handler the module app defines"
+        )
+    import_from_string(f"{module_name}:__name__")  # the importer's sentences for a bad module
+    module = importlib.import_module(module_name)
+    handlers = [
+        Named(name, value, f"{module_name}:{name}")
+        for name, value in vars(module).items()
+        if isinstance(value, Handler) and not name.startswith("_")
+    ]
+    if not handlers:
+        raise ImportStringError(
+            f"module {module_name!r} defines no @sqsworker.handler: decorate its handler "
+            f"functions, or name one as {module_name}:FUNCTION"
+        )
+    return handlers
+
+
+def configure(
+    handlers: Sequence[Named],
+    cli: Mapping[str, str | None],
+    sets: Sequence[str],
+    env: Mapping[str, str],
+) -> list[WorkerConfig]:
+    """Each handler's configuration; raises ``ConfigError`` for what cannot work."""
+    names = [h.name for h in handlers]
+    per_handler = config.parse_sets(sets, names)
+    for named in handlers:
+        for option in PROCESS_OPTIONS:
+            variable = config.handler_env_var(named.name, option)
+            if variable in env:
+                raise ConfigError(
+                    f"{variable}: {config.label(option)} is one for the whole process, not "
+                    f"per handler: set {config.env_var(option)} instead"
+                )
+    configs = [
+        config.resolve(
+            cli, env, h.handler.options, handler=h.name, handler_cli=per_handler.get(h.name)
+        )
+        for h in handlers
+    ]
+    if len(handlers) == 1:
+        return configs
+    by_queue: dict[str, Named] = {}
+    for named, cfg in zip(handlers, configs, strict=True):
+        other = by_queue.setdefault(queue_name(cfg.queue), named)
+        if other is not named:
+            raise ConfigError(
+                f"the handlers {other.name} and {named.name} would both consume the queue "
+                f"{queue_name(cfg.queue)}, each taking messages meant for the other: give each "
+                f"handler its own queue (@sqsworker.handler(queue=...), --set "
+                f"{named.name}.queue=..., or {config.env_var('queue')} only for one handler)"
+            )
+    first = configs[0]
+    for named, cfg in zip(handlers[1:], configs[1:], strict=True):
+        for option in PROCESS_OPTIONS:
+            if getattr(cfg, option) != getattr(first, option):
+                raise ConfigError(
+                    f"the handlers {handlers[0].name} and {named.name} ask for different "
+                    f"{config.label(option)}s ({getattr(first, option)!r} and "
+                    f"{getattr(cfg, option)!r}), and the process has one: set it with "
+                    f"{config.flag(option)}"
+                )
+    return configs
+
+
+class Process:
+    """The workers of one process, started, stopped and shut down together."""
+
+    def __init__(self, workers: Mapping[str, Worker]) -> None:
+        self.workers = dict(workers)
+
+    def start(self) -> None:
+        """Start every worker; if one cannot start, stop the ones that did and raise."""
+        started: list[Worker] = []
+        try:
+            for worker in self.workers.values():
+                worker.start()
+                started.append(worker)
+        except BaseException:
+            for worker in started:
+                worker.request_stop()
+            self._side_by_side(started)
+            raise
+
+    def request_stop(self) -> None:
+        for worker in self.workers.values():
+            worker.request_stop()
+
+    def wait(self, timeout: float) -> bool:
+        """True once every worker has stopped receiving (a stop request, or burst mode
+        found each queue empty)."""
+        pending = [w for w in self.workers.values() if not w.wait(0)]
+        if not pending:
+            return True
+        return pending[0].wait(timeout) and len(pending) == 1
+
+    def shutdown(self) -> int:
+        """Shut every worker down at once (each within its own shutdown timeout): 0 if
+        every handler finished, else 1."""
+        return self._side_by_side(list(self.workers.values()))
+
+    @staticmethod
+    def _side_by_side(workers: Sequence[Worker]) -> int:
+        if len(workers) == 1:
+            return workers[0].shutdown()
+        codes: list[int] = []
+
+        def shut(worker: Worker) -> None:
+            try:
+                codes.append(worker.shutdown())
+            except BaseException:
+                codes.append(1)
+                raise
+
+        threads = [
+            threading.Thread(target=shut, args=(w,), name=f"sqsworker-shutdown-{i}")
+            for i, w in enumerate(workers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return max(codes, default=0)
+
+    def health(self) -> Health | ProcessHealth:
+        if len(self.workers) == 1:
+            return next(iter(self.workers.values())).health()
+        return ProcessHealth({name: w.health() for name, w in self.workers.items()})
