@@ -14,6 +14,9 @@ what the runtime does with each outcome:
 - a body that is not JSON: message.json() rejects it straight to the DLQ;
 - duplicate: sent twice under one idempotency-key attribute; with
   --idempotency-store the copy is deleted without running.
+
+``refund`` serves a second queue, refunds, from the same codebase:
+`sqsworker run examples.orders` runs both handlers in one process, each on its queue.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ def process(message: sqsworker.Message) -> None:
     if order.get("kind") == "poison":
         raise ValueError(f"order {order['id']} has no line items")
     _ledger("done", order, message)
+
+
+@sqsworker.handler(queue="refunds", visibility_timeout=30, concurrency=4)
+def refund(message: sqsworker.Message) -> None:
+    order = message.json()
+    _ledger("refunded", order, message)
 
 
 def _ledger(event: str, order: dict[str, object], message: sqsworker.Message) -> None:

@@ -202,6 +202,43 @@ def test_the_grace_period_covers_the_shutdown(settings: dict[str, str], expected
     assert pod["terminationGracePeriodSeconds"] == expected
 
 
+ORDERS_URL = QUEUE_URL
+EMAILS_URL = "https://sqs.eu-west-1.amazonaws.com/123456789012/emails"
+TWO_HANDLERS = [
+    *("--set", "handlers[0].handler=app:orders", "--set", f"handlers[0].queue={ORDERS_URL}"),
+    *("--set", "handlers[0].concurrency=20"),
+    *("--set", "handlers[1].handler=app.jobs:send_email"),
+    *("--set", f"handlers[1].queue={EMAILS_URL}", "--set", "handlers[1].shutdownTimeout=120"),
+    *("--set", "handlers[1].queueLength=10"),
+]
+
+
+def test_several_handlers_run_in_one_deployment_and_keda_scales_on_every_queue() -> None:
+    docs = kinds(render(*TWO_HANDLERS, *KEDA_API, *KEDA_ON, *REGION))
+    for doc in docs.values():
+        validate(doc)
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["args"] == ["run", "app:orders", "app.jobs:send_email"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["SQSWORKER_ORDERS__QUEUE"] == ORDERS_URL
+    assert env["SQSWORKER_ORDERS__CONCURRENCY"] == "20"
+    assert env["SQSWORKER_SEND_EMAIL__QUEUE"] == EMAILS_URL
+    assert env["SQSWORKER_CONCURRENCY"] == "10"  # worker.*: every handler's
+    assert "SQSWORKER_QUEUE" not in env and "SQSWORKER_SEND_EMAIL__QUEUE_LENGTH" not in env
+    # The handlers shut down side by side: the longest one counts (120 + 20 + 10).
+    assert pod["terminationGracePeriodSeconds"] == 150
+    triggers = docs["ScaledObject"]["spec"]["triggers"]
+    assert [
+        (t["name"], t["metadata"]["queueURLFromEnv"], t["metadata"]["queueLength"])
+        for t in triggers
+    ] == [
+        ("orders", "SQSWORKER_ORDERS__QUEUE", "50"),
+        ("send-email", "SQSWORKER_SEND_EMAIL__QUEUE", "10"),
+    ]
+    assert {t["metadata"]["awsRegion"] for t in triggers} == {"eu-west-1"}
+
+
 def bad(*args: str) -> Iterator[str]:
     result = helm("template", "orders", str(CHART), *args)
     assert result.returncode != 0, "helm accepted bad values"
@@ -213,6 +250,15 @@ def bad(*args: str) -> Iterator[str]:
     [
         (["--set", "worker.handler=app:process"], "worker.queue"),
         (["--set", "worker.queue=orders"], "worker.handler"),
+        ([*REQUIRED, *TWO_HANDLERS], "either worker.handler and worker.queue"),
+        ([*TWO_HANDLERS, "--set", "handlers[0].metricsPort=9100"], "metricsPort"),
+        ([*TWO_HANDLERS, "--set", "handlers[1].handler=other:orders"], "could not tell them"),
+        ([*TWO_HANDLERS, "--set", "handlers[1].handler=nocolon"], "handlers.1.handler"),
+        (
+            [*TWO_HANDLERS, *KEDA_API, *KEDA_ON, *REGION, "--set", "handlers[1].queue=emails"],
+            "needs handlers[1].queue as a queue URL",
+        ),
+        ([*TWO_HANDLERS, *KEDA_API, *KEDA_ON], "handlers[0].region"),
         ([*REQUIRED, "--set", "worker.visibilityTimeout=50000"], "worker.visibilityTimeout"),
         ([*REQUIRED, "--set", "worker.visibilityTimeout=-1"], "worker.visibilityTimeout"),
         ([*REQUIRED, "--set", "worker.concurrency=0"], "worker.concurrency"),

@@ -299,6 +299,46 @@ def done(cluster: Cluster) -> int:
     return len({order for event, order, _ in cluster.ledger() if event == "done"})
 
 
+# -- several handlers in one pod --------------------------------------------------------
+
+
+def test_one_deployment_runs_two_handlers_each_on_its_queue(cluster: Cluster, node: Node) -> None:
+    """The chart's handlers list: one pod runs both handlers of examples.orders, each on its
+    queue with its own options, serves one /healthz for both, and stops both on SIGTERM."""
+    sqs = cluster.sqs()
+    refunds = sqs.create_queue(QueueName="refunds")["QueueUrl"]
+    values = cluster.values(waitTime=1)
+    del values["worker"]["handler"], values["worker"]["queue"]
+    values["handlers"] = [
+        {"handler": HANDLER, "queue": "orders"},
+        {"handler": "examples.orders:refund", "queue": "refunds", "concurrency": 2},
+    ]
+    deployment = rendered(cluster, values)["Deployment"]
+    pod = node.pod("worker", pod_spec(deployment, IMAGE)).start()
+    assert pod.wait_ready(60)
+    cluster.send([{"id": i} for i in range(5)], per_second=50).join()
+    sqs.send_message_batch(
+        QueueUrl=refunds,
+        Entries=[{"Id": str(i), "MessageBody": json.dumps({"id": 100 + i})} for i in range(5)],
+    )
+    wait_until(
+        lambda: (
+            Counter(e for e, _, _ in cluster.ledger()) == {"attempt": 5, "done": 5, "refunded": 5}
+        ),
+        what="five orders done and five refunds",
+    )
+    started = {
+        (line["queue"], line["concurrency"])
+        for line in pod.log_lines()
+        if line["event"] == "worker started"
+    }
+    # worker.concurrency (10, for every handler) and the entry's own 2 for refunds
+    assert started == {("orders", 10), ("refunds", 2)}
+    ended = pod.delete()
+    assert not ended.killed and ended.code == 0, ended
+    assert cluster.held("orders") == (0, 0) and cluster.held("refunds") == (0, 0)
+
+
 # -- the grace period -------------------------------------------------------------------
 
 

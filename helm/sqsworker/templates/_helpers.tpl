@@ -40,7 +40,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 Seconds Kubernetes waits between SIGTERM and SIGKILL: enough for running handlers
 (shutdownTimeout), a long poll under way (waitTime) and a margin; a larger value
-set by the user is kept, a smaller one is raised.
+set by the user is kept, a smaller one is raised. Several handlers shut down side by
+side: the one that needs longest counts.
 */}}
 {{- define "sqsworker.gracePeriod" -}}
 {{- $w := .Values.worker }}
@@ -48,7 +49,16 @@ set by the user is kept, a smaller one is raised.
 {{- if not (kindIs "invalid" $w.shutdownTimeout) }}{{ $shutdown = ceil $w.shutdownTimeout | int }}{{ end }}
 {{- $wait := 20 }}
 {{- if not (kindIs "invalid" $w.waitTime) }}{{ $wait = int $w.waitTime }}{{ end }}
-{{- $needed := add $shutdown $wait (int .Values.terminationGraceMarginSeconds) }}
+{{- $needed := add $shutdown $wait }}
+{{- if .Values.handlers }}{{ $needed = 0 }}{{ end }}
+{{- range .Values.handlers }}
+{{- $own := $shutdown }}
+{{- if not (kindIs "invalid" .shutdownTimeout) }}{{ $own = ceil .shutdownTimeout | int }}{{ end }}
+{{- $ownWait := $wait }}
+{{- if not (kindIs "invalid" .waitTime) }}{{ $ownWait = int .waitTime }}{{ end }}
+{{- $needed = max $needed (add $own $ownWait) }}
+{{- end }}
+{{- $needed = add $needed (int .Values.terminationGraceMarginSeconds) }}
 {{- $asked := 0 }}
 {{- if not (kindIs "invalid" .Values.terminationGracePeriodSeconds) }}{{ $asked = int .Values.terminationGracePeriodSeconds }}{{ end }}
 {{- max $needed $asked }}
@@ -56,4 +66,55 @@ set by the user is kept, a smaller one is raised.
 
 {{- define "sqsworker.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The name `sqsworker run` gives a handler for its own options: the part of MODULE:ATTR
+after the last ':' or '.', as SQSWORKER_<NAME>__<OPTION> spells it.
+*/}}
+{{- define "sqsworker.handlerEnvName" -}}
+{{- regexReplaceAll "[^A-Za-z0-9]" (splitList "." (splitList ":" . | last) | last) "_" | upper }}
+{{- end }}
+
+{{/*
+What cannot work, refused before anything is applied: one handler or a list of them,
+and no option the whole process shares set for one handler.
+*/}}
+{{- define "sqsworker.check" -}}
+{{- $w := .Values.worker }}
+{{- if .Values.handlers }}
+{{- if or $w.handler $w.queue }}
+{{- fail "set either worker.handler and worker.queue (one handler) or handlers (several), not both" }}
+{{- end }}
+{{- $seen := dict }}
+{{- range $i, $h := .Values.handlers }}
+{{- $name := include "sqsworker.handlerEnvName" $h.handler }}
+{{- if hasKey $seen $name }}
+{{- fail (printf "handlers[%d] (%s) has the name %s of another handler, and per-handler options could not tell them apart: import one under another name" $i $h.handler $name) }}
+{{- end }}
+{{- $_ := set $seen $name true }}
+{{- end }}
+{{- else }}
+{{- if not $w.handler }}
+{{- fail "worker.handler is required: MODULE:ATTR of the handler, e.g. app:process (or list several under handlers)" }}
+{{- end }}
+{{- if not $w.queue }}
+{{- fail "worker.queue is required: the queue's name or URL (or list handlers, each with its queue)" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A KEDA aws-sqs-queue trigger's metadata beyond the queue: the handler's own region
+and endpoint where it has them, else the worker's.
+*/}}
+{{- define "sqsworker.kedaQueueMetadata" -}}
+{{- $keda := .root.Values.autoscaling.keda }}
+{{- $w := .root.Values.worker -}}
+activationQueueLength: {{ $keda.activationQueueLength | quote }}
+scaleOnInFlight: {{ $keda.scaleOnInFlight | quote }}
+awsRegion: {{ .region | default $keda.awsRegion | default $w.region | quote }}
+{{- with (.endpoint | default $w.endpointUrl) }}
+awsEndpoint: {{ . | quote }}
+{{- end }}
 {{- end }}
