@@ -298,3 +298,22 @@ def test_the_postgresql_values_of_the_deployment_page_render(tmp_path: Path) -> 
     assert ":" not in env["SQSWORKER_IDEMPOTENCY_STORE"].split("@")[0].removeprefix("postgresql:")
     assert container["envFrom"] == [{"secretRef": {"name": "orders-db"}}]
     validate(deployment)
+
+
+def test_the_handlers_values_of_the_deployment_page_render(tmp_path: Path) -> None:
+    from ..snippets import snippet
+
+    values = tmp_path / "values.yaml"
+    values.write_text(snippet("docs/deployment.md", "handlers:\n  - handler").text)
+    docs = kinds(render("-f", str(values), *KEDA_API))
+    for doc in docs.values():
+        validate(doc)
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["args"] == ["run", "app.handlers:orders", "app.handlers:send_email"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SQSWORKER_SEND_EMAIL__VISIBILITY_TIMEOUT"] == "120"
+    assert (env["SQSWORKER_CONCURRENCY"], env["SQSWORKER_ORDERS__CONCURRENCY"]) == ("8", "32")
+    assert pod["terminationGracePeriodSeconds"] == 120  # as the page says
+    triggers = docs["ScaledObject"]["spec"]["triggers"]
+    assert [t["metadata"]["queueLength"] for t in triggers] == ["50", "20"]

@@ -41,8 +41,12 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
     "tests/integration/test_snippets.py": {
         # run as written
         "test_the_first_handler_runs_with_each_command": [
-            ("README.md", "# app.py"),
+            ("README.md", "# app.py\nimport"),
             ("README.md", "sqsworker run app:process --burst"),
+        ],
+        "test_two_handlers_run_in_one_process_with_each_command": [
+            ("README.md", "# app.py: two handlers"),
+            ("README.md", "sqsworker run app:orders app:emails"),
         ],
         "test_a_handlers_log_line_is_the_one_the_page_shows": [
             ("docs/observability.md", "def process("),
@@ -71,6 +75,9 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
     "tests/chart/test_chart.py": {
         "test_the_postgresql_values_of_the_deployment_page_render": [
             ("docs/deployment.md", "secretRef"),
+        ],
+        "test_the_handlers_values_of_the_deployment_page_render": [
+            ("docs/deployment.md", "handlers:\n  - handler"),
         ],
     },
     "tests/integration/test_readme_walkthrough.py": {
@@ -219,8 +226,8 @@ class Ran:
         return [line for line in lines if line["event"] == event]
 
 
-def run_worker(command: str, env: dict[str, str], cwd: Path, queue: str) -> Ran:
-    """Run one documented `sqsworker run` line, as written, until ``queue`` has drained.
+def run_worker(command: str, env: dict[str, str], cwd: Path, *queues: str) -> Ran:
+    """Run one documented `sqsworker run` line, as written, until ``queues`` have drained.
 
     A line with --burst stops by itself. One without runs until SIGTERM, which it gets
     once the queue is empty, as a terminal's Ctrl-C or a rollout would send it: to the
@@ -238,9 +245,9 @@ def run_worker(command: str, env: dict[str, str], cwd: Path, queue: str) -> Ran:
     ) as worker:
         try:
             wait_until(
-                lambda: worker.poll() is not None or depth(env, queue) == 0,
+                lambda: worker.poll() is not None or not any(depth(env, q) for q in queues),
                 timeout=60,
-                what=f"{command.strip()!r} to drain {queue}",
+                what=f"{command.strip()!r} to drain {', '.join(queues)}",
             )
             if "--burst" not in command:
                 os.killpg(worker.pid, signal.SIGTERM)
@@ -254,7 +261,7 @@ def run_worker(command: str, env: dict[str, str], cwd: Path, queue: str) -> Ran:
 def test_the_first_handler_runs_with_each_command(tmp_path: Path) -> None:
     """README, "Write a handler": app.py as written; each of the three command lines as
     written gets an order of its own, handles it, and exits 0."""
-    (tmp_path / "app.py").write_text(snippet("README.md", "# app.py").text)
+    (tmp_path / "app.py").write_text(snippet("README.md", "# app.py\nimport").text)
     lines = snippet("README.md", "sqsworker run app:process --burst").text.splitlines()
     assert len(lines) == 3
     with local("--queue", "orders") as exports:
@@ -268,6 +275,27 @@ def test_the_first_handler_runs_with_each_command(tmp_path: Path) -> None:
             assert [logged["order"] for logged in ran.events("order received")] == [number]
             assert len(ran.events("message processed")) == 1
         assert depth(env, "orders") + depth(env, "orders-dlq") == 0
+
+
+def test_two_handlers_run_in_one_process_with_each_command(tmp_path: Path) -> None:
+    """README, "Several queues in one process": app.py as written; each command line as
+    written serves both queues from one process, with each handler's concurrency as the
+    line sets it, and exits 0 on SIGTERM."""
+    (tmp_path / "app.py").write_text(snippet("README.md", "# app.py: two handlers").text)
+    lines = snippet("README.md", "sqsworker run app:orders app:emails").text.splitlines()
+    assert len(lines) == 3
+    with local("--queue", "orders", "--queue", "emails") as exports:
+        env = shell_env(exports)
+        for number, line in enumerate(lines, 1):
+            send(env, "orders", json.dumps({"id": number}))
+            send(env, "emails", json.dumps({"to": f"customer-{number}@example.com"}))
+            ran = run_worker(line, env, tmp_path, "orders", "emails")
+            assert ran.code == 0, ran.stderr
+            started = {e["queue"]: e["concurrency"] for e in ran.events("worker started")}
+            assert started == {"orders": 16, "emails": 4 if number == 1 else 8}
+            assert [e["order"] for e in ran.events("order received")] == [number]
+            assert [e["to"] for e in ran.events("email sent")] == [f"customer-{number}@example.com"]
+        assert sum(depth(env, q) for q in ("orders", "orders-dlq", "emails", "emails-dlq")) == 0
 
 
 def test_a_handlers_log_line_is_the_one_the_page_shows(tmp_path: Path) -> None:
