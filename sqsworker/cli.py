@@ -200,8 +200,14 @@ def run(
         try:
             process.start()
         except StartupError as exc:
-            fail(str(exc))
+            fail(str(exc))  # said at once: stopping the handlers that did start may take a poll
+            process.request_stop()
+            process.shutdown()
             return EXIT_STARTUP
+        except BaseException:
+            process.request_stop()
+            process.shutdown()
+            raise
         if server:
             log.info(
                 "serving /metrics, /healthz and /readyz",

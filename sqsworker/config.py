@@ -378,15 +378,36 @@ def unknown_variables(env: Mapping[str, str], handlers: Sequence[str] = ()) -> l
         if separator and scope in by_env_name:
             option = scoped
         if option not in known:
-            near = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
-            prefix = name[: len(name) - len(option)]
-            hint = f"did you mean {prefix}{near[0]}?" if near else "see sqsworker run --help"
+            hint = _hint(name, sorted(by_env_name))
             warnings.append(f"{name} is not an sqsworker option and is ignored: {hint}")
     return warnings
 
 
-def parse_sets(raw: Sequence[str], handlers: Sequence[str]) -> dict[str, dict[str, str]]:
-    """``--set HANDLER.OPTION=VALUE`` arguments, as {handler: {option: value}}."""
+def _hint(name: str, handlers: Sequence[str] = ()) -> str:
+    """The variable ``name`` was likely meant to be, as a sentence's end."""
+    known = [f.name.upper() for f in options()]
+    if name != name.upper():
+        return f"the names are in capitals: {name.upper()}"
+    option = name.removeprefix(ENV_PREFIX)
+    scope, separator, scoped = option.rpartition(HANDLER_SEPARATOR)
+    if separator:
+        near = difflib.get_close_matches(scoped, known, n=1, cutoff=0.6)
+        if near:
+            return f"did you mean {ENV_PREFIX}{scope}{HANDLER_SEPARATOR}{near[0]}?"
+        return "see sqsworker run --help"
+    for handler in handlers:  # one underscore where two belong: SQSWORKER_EMAILS_CONCURRENCY
+        own = option.removeprefix(handler + "_")
+        if own != option and own in known:
+            return f"did you mean {ENV_PREFIX}{handler}{HANDLER_SEPARATOR}{own}?"
+    near = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
+    return f"did you mean {ENV_PREFIX}{near[0]}?" if near else "see sqsworker run --help"
+
+
+def parse_sets(
+    raw: Sequence[str], handlers: Sequence[str], aliases: Mapping[str, str] | None = None
+) -> dict[str, dict[str, str]]:
+    """``--set HANDLER.OPTION=VALUE`` arguments, as {handler: {option: value}}. ``aliases``
+    maps other names of a handler (its full ``module.function``) to its name."""
     known = {f.name for f in options()}
     sets: dict[str, dict[str, str]] = {}
     for item in raw:
@@ -398,6 +419,7 @@ def parse_sets(raw: Sequence[str], handlers: Sequence[str]) -> dict[str, dict[st
                 "--set payments.concurrency=2"
             )
         option = option.replace("-", "_").lower()
+        handler = (aliases or {}).get(handler, handler)
         if handler not in handlers:
             raise ConfigError(
                 f"--set {item!r} names the handler {handler!r}, which this process does not "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from . import config
 from .config import PROCESS_OPTIONS, WorkerConfig
-from .errors import ConfigError, ImportStringError
+from .errors import ConfigError, ImportStringError, StartupError
 from .handler import Handler, as_handler
 from .health import Health, ProcessHealth
 from .importer import import_from_string
@@ -49,8 +49,8 @@ def find_handlers(targets: Sequence[str]) -> list[Named]:
         same = names.get(named.name)
         if same is not None and same.handler is named.handler:
             raise ConfigError(
-                f"the handler {named.target} is named twice ({same.target} and "
-                f"{named.target}): name each handler once"
+                f"the handler {named.target} is given twice (a MODULE alone names every "
+                "handler of the module, and MODULE:ATTR one of them): name each handler once"
             )
         if same is not None:
             raise ConfigError(
@@ -91,7 +91,7 @@ def configure(
 ) -> list[WorkerConfig]:
     """Each handler's configuration; raises ``ConfigError`` for what cannot work."""
     names = [h.name for h in handlers]
-    per_handler = config.parse_sets(sets, names)
+    per_handler = config.parse_sets(sets, names, {h.handler.name: h.name for h in handlers})
     for named in handlers:
         for option in PROCESS_OPTIONS:
             variable = config.handler_env_var(named.name, option)
@@ -108,15 +108,21 @@ def configure(
     ]
     if len(handlers) == 1:
         return configs
-    by_queue: dict[str, Named] = {}
-    for named, cfg in zip(handlers, configs, strict=True):
-        other = by_queue.setdefault(queue_name(cfg.queue), named)
-        if other is not named:
+    for index, (named, cfg) in enumerate(zip(handlers, configs, strict=True)):
+        for other, other_cfg in zip(handlers[:index], configs[:index], strict=True):
+            if not _same_queue(cfg.queue, other_cfg.queue):
+                continue
+            every = (
+                " (--queue and SQSWORKER_QUEUE set every handler's queue)"
+                if cli.get("queue") is not None or config.env_var("queue") in env
+                else ""
+            )
             raise ConfigError(
                 f"the handlers {other.name} and {named.name} would both consume the queue "
-                f"{queue_name(cfg.queue)}, each taking messages meant for the other: give each "
-                f"handler its own queue (@sqsworker.handler(queue=...), --set "
-                f"{named.name}.queue=..., or {config.env_var('queue')} only for one handler)"
+                f"{queue_name(cfg.queue)}{every}, each taking messages meant for the other: "
+                f"give each handler its own queue, with @sqsworker.handler(queue=...), "
+                f"--set {named.name}.queue=... or "
+                f"{config.handler_env_var(named.name, 'queue')}"
             )
     first = configs[0]
     for named, cfg in zip(handlers[1:], configs[1:], strict=True):
@@ -131,6 +137,16 @@ def configure(
     return configs
 
 
+def _same_queue(a: str, b: str) -> bool:
+    """Whether two queue options may name one queue: the same name, unless both are URLs
+    that differ (another account's or region's queue may share the name)."""
+    if queue_name(a) != queue_name(b):
+        return False
+    if "://" in a and "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return True
+
+
 class Process:
     """The workers of one process, started, stopped and shut down together."""
 
@@ -138,17 +154,16 @@ class Process:
         self.workers = dict(workers)
 
     def start(self) -> None:
-        """Start every worker; if one cannot start, stop the ones that did and raise."""
-        started: list[Worker] = []
-        try:
-            for worker in self.workers.values():
+        """Start every worker in turn. At the first that cannot start, raise its
+        ``StartupError`` (naming its handler when there are several) at once: the ones
+        already started run on until ``request_stop`` and ``shutdown``."""
+        for name, worker in self.workers.items():
+            try:
                 worker.start()
-                started.append(worker)
-        except BaseException:
-            for worker in started:
-                worker.request_stop()
-            self._side_by_side(started)
-            raise
+            except StartupError as exc:
+                if len(self.workers) == 1:
+                    raise
+                raise StartupError(f"handler {name}: {exc}") from exc
 
     def request_stop(self) -> None:
         for worker in self.workers.values():
@@ -163,14 +178,11 @@ class Process:
         return pending[0].wait(timeout) and len(pending) == 1
 
     def shutdown(self) -> int:
-        """Shut every worker down at once (each within its own shutdown timeout): 0 if
-        every handler finished, else 1."""
-        return self._side_by_side(list(self.workers.values()))
-
-    @staticmethod
-    def _side_by_side(workers: Sequence[Worker]) -> int:
-        if len(workers) == 1:
-            return workers[0].shutdown()
+        """Shut every started worker down at once (each within its own shutdown timeout):
+        0 if every handler finished, else 1."""
+        started = [w for w in self.workers.values() if w.started]
+        if len(started) == 1:
+            return started[0].shutdown()
         codes: list[int] = []
 
         def shut(worker: Worker) -> None:
@@ -182,7 +194,7 @@ class Process:
 
         threads = [
             threading.Thread(target=shut, args=(w,), name=f"sqsworker-shutdown-{i}")
-            for i, w in enumerate(workers)
+            for i, w in enumerate(started)
         ]
         for thread in threads:
             thread.start()

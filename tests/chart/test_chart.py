@@ -224,7 +224,8 @@ def test_several_handlers_run_in_one_deployment_and_keda_scales_on_every_queue()
     assert env["SQSWORKER_ORDERS__QUEUE"] == ORDERS_URL
     assert env["SQSWORKER_ORDERS__CONCURRENCY"] == "20"
     assert env["SQSWORKER_SEND_EMAIL__QUEUE"] == EMAILS_URL
-    assert env["SQSWORKER_CONCURRENCY"] == "10"  # worker.*: every handler's
+    # worker.* left null sets nothing, so each handler's decorator holds.
+    assert "SQSWORKER_CONCURRENCY" not in env and "SQSWORKER_VISIBILITY_TIMEOUT" not in env
     assert "SQSWORKER_QUEUE" not in env and "SQSWORKER_SEND_EMAIL__QUEUE_LENGTH" not in env
     # The handlers shut down side by side: the longest one counts (120 + 20 + 10).
     assert pod["terminationGracePeriodSeconds"] == 150
@@ -253,6 +254,7 @@ def bad(*args: str) -> Iterator[str]:
         ([*REQUIRED, *TWO_HANDLERS], "either worker.handler and worker.queue"),
         ([*TWO_HANDLERS, "--set", "handlers[0].metricsPort=9100"], "metricsPort"),
         ([*TWO_HANDLERS, "--set", "handlers[1].handler=other:orders"], "could not tell them"),
+        ([*TWO_HANDLERS, "--set", f"handlers[1].queue={ORDERS_URL}"], "has the queue"),
         ([*TWO_HANDLERS, "--set", "handlers[1].handler=nocolon"], "handlers.1.handler"),
         (
             [*TWO_HANDLERS, *KEDA_API, *KEDA_ON, *REGION, "--set", "handlers[1].queue=emails"],

@@ -78,3 +78,31 @@ def test_two_queues_in_one_process_each_with_its_options_and_one_sigterm(
         "tests.integration.apps.work": 2,
         "tests.integration.apps.work_too": 3,
     }
+
+
+def test_a_handler_that_cannot_start_is_named_at_once_and_the_others_stop(
+    local_env: LocalSQS, tmp_path: Path
+) -> None:
+    orders = Scenario(local_env, tmp_path, visibility=30)
+    env = {
+        **os.environ,
+        **local_env.env(),
+        "LEDGER": str(orders.ledger.path),
+        "PYTHONPATH": str(ROOT),
+    }
+    argv = [
+        *(sys.executable, "-m", "sqsworker.cli", "run"),
+        *("tests.integration.apps:work", "tests.integration.apps:work_too"),
+        *("--set", f"work.queue={orders.name}", "--set", "work_too.queue=no-such-queue"),
+        *("--wait-time", "1", "--metrics-port", "0"),
+    ]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    [error] = [n for n, line in enumerate(lines) if line.startswith("sqsworker: error: ")]
+    assert lines[error].startswith(
+        "sqsworker: error: handler work_too: queue 'no-such-queue' does not exist"
+    )
+    events = {json.loads(line)["event"]: n for n, line in enumerate(lines) if line.startswith("{")}
+    # Said before the handler that did start is stopped (which waits out its long poll).
+    assert events["worker started"] < error < events["stopped"]

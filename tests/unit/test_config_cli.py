@@ -107,9 +107,28 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ),
         (["run", "plainapp"], 2, "module 'plainapp' defines no @sqsworker.handler"),
         (["run", "no such"], 2, "'no such' is neither MODULE:ATTR nor a module name"),
-        (["run", "goodapp:process", "goodapp"], 2, "goodapp:process is named twice"),
+        (["run", "goodapp:process", "goodapp"], 2, "goodapp:process is given twice"),
         (["run", "goodapp", "clashapp"], 2, "two handlers are named 'process'"),
-        (["run", "twoapp", "--queue", "jobs"], 2, "orders and payments would both consume"),
+        (
+            ["run", "twoapp", "--queue", "jobs"],
+            2,
+            "orders and payments would both consume the queue jobs (--queue and SQSWORKER_QUEUE "
+            "set every handler's queue), each taking messages meant for the other: give each "
+            "handler its own queue, with @sqsworker.handler(queue=...), --set payments.queue=... "
+            "or SQSWORKER_PAYMENTS__QUEUE",
+        ),
+        (
+            [
+                "run",
+                "twoapp",
+                "--set",
+                "orders.queue=https://q.example/1/jobs",
+                "--set",
+                "payments.queue=jobs",
+            ],
+            2,
+            "would both consume the queue jobs",  # a name may be the URL's queue
+        ),
         (["run", "twoapp", "--set", "orders"], 2, "'orders' is not HANDLER.OPTION=VALUE"),
         (["run", "twoapp", "--set", "order.concurrency=2"], 2, "handlers are orders, payments"),
         (["run", "twoapp", "--set", "orders.concurency=2"], 2, "mean orders.concurrency?"),
@@ -164,6 +183,35 @@ def test_a_process_wide_option_set_for_one_handler_is_refused(
         "sqsworker: error: SQSWORKER_ORDERS__LOG_LEVEL: log level is one for the whole "
         "process, not per handler: set SQSWORKER_LOG_LEVEL instead.\n"
     )
+
+
+def test_a_handler_is_named_by_its_full_name_too() -> None:
+    sets = config.parse_sets(
+        ["app.emails.concurrency=8"], ["orders", "emails"], {"app.emails": "emails"}
+    )
+    assert sets == {"emails": {"concurrency": "8"}}
+
+
+def test_queues_of_one_name_in_two_accounts_are_two_queues(
+    app_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqsworker.process import configure, find_handlers
+
+    handlers = find_handlers(["twoapp"])
+    sets = ["orders.queue=https://sqs.eu-west-1.amazonaws.com/111111111111/jobs"]
+    sets += ["payments.queue=https://sqs.eu-west-1.amazonaws.com/222222222222/jobs"]
+    configs = configure(handlers, {}, sets, {})
+    assert [c.queue.split("/")[3] for c in configs] == ["111111111111", "222222222222"]
+
+
+def test_misspelt_variables_get_the_variable_they_were_meant_to_be() -> None:
+    env = {"SQSWORKER_ORDERS_CONCURRENCY": "4", "SQSWORKER_orders__concurrency": "4"}
+    assert config.unknown_variables(env, ["orders"]) == [
+        "SQSWORKER_ORDERS_CONCURRENCY is not an sqsworker option and is ignored: "
+        "did you mean SQSWORKER_ORDERS__CONCURRENCY?",
+        "SQSWORKER_orders__concurrency is not an sqsworker option and is ignored: "
+        "the names are in capitals: SQSWORKER_ORDERS__CONCURRENCY",
+    ]
 
 
 def test_variables_for_handlers_not_run_here_are_named() -> None:

@@ -93,6 +93,13 @@ and no option the whole process shares set for one handler.
 {{- fail (printf "handlers[%d] (%s) has the name %s of another handler, and per-handler options could not tell them apart: import one under another name" $i $h.handler $name) }}
 {{- end }}
 {{- $_ := set $seen $name true }}
+{{- with $h.queue }}
+{{- $queue := printf "queue %s" . }}
+{{- if hasKey $seen $queue }}
+{{- fail (printf "handlers[%d] (%s) has the queue %s of another handler, and each would take messages meant for the other: give each handler its own queue" $i $h.handler .) }}
+{{- end }}
+{{- $_ := set $seen $queue true }}
+{{- end }}
 {{- end }}
 {{- else }}
 {{- if not $w.handler }}
