@@ -31,7 +31,9 @@ KEY_CONFLICT_OUTCOMES = ("reject", "suppress")
 ENV_PREFIX = "SQSWORKER_"
 HANDLER_SEPARATOR = "__"  # SQSWORKER_<HANDLER>__<OPTION>
 # One for the whole process, whatever the handlers: the telemetry server and the log stream.
-PROCESS_OPTIONS = ("metrics_port", "metrics_host", "log_level", "log_format")
+# --burst too: the process exits when every queue has drained, and a worker stopped early
+# would leave the others' /readyz unready.
+PROCESS_OPTIONS = ("metrics_port", "metrics_host", "log_level", "log_format", "burst")
 
 
 def _parse_bool(raw: str) -> bool:

@@ -124,6 +124,7 @@ class LocalSQS:
 
 _backend_lock = threading.Lock()
 _BLOCKED_PAUSE = 0.05  # seconds between looks while every visible message's group is held
+_LOOK_EVERY = 1.0  # seconds a long poll waits between looks at most, as moto's own does
 
 
 def _one_call_at_a_time() -> None:
@@ -138,7 +139,8 @@ def _one_call_at_a_time() -> None:
     and keeps that view while it waits: a poll woken by new messages then took the later
     messages of a group another poll had just received, and a worker ran them first.
     So the long poll is ours: each look is one receive without waiting, under the lock,
-    with the groups in flight as they are now; between looks it waits for a message.
+    with the groups in flight as they are now; between looks it waits for a message to
+    be sent, a second at most.
     """
     from moto.sqs import models
 
@@ -170,7 +172,9 @@ def _one_call_at_a_time() -> None:
             if got or left <= 0:
                 return list(got)
             began = time.monotonic()
-            backend.get_queue(queue_name).wait_for_messages(left)
+            # moto wakes a waiting poll only for a message sent: one visible again (a lease
+            # ran out, a hand-back, a delay ended) is seen at the next look, within a second.
+            backend.get_queue(queue_name).wait_for_messages(min(left, _LOOK_EVERY))
             if time.monotonic() - began < _BLOCKED_PAUSE:
                 # Messages are visible but none could be had (their FIFO groups are in
                 # flight): moto's wait returns at once, so pause instead of spinning.

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import structlog
+
 from . import config
 from .config import PROCESS_OPTIONS, WorkerConfig
 from .errors import ConfigError, ImportStringError, StartupError
@@ -46,19 +48,24 @@ def find_handlers(targets: Sequence[str]) -> list[Named]:
         found.extend(_module_handlers(target))
     names: dict[str, Named] = {}
     for named in found:
-        same = names.get(named.name)
+        same = names.get(config.handler_env_name(named.name))
         if same is not None and same.handler is named.handler:
             raise ConfigError(
                 f"the handler {named.target} is given twice (a MODULE alone names every "
                 "handler of the module, and MODULE:ATTR one of them): name each handler once"
             )
         if same is not None:
-            raise ConfigError(
-                f"two handlers are named {named.name!r} ({same.target} and {named.target}), "
-                "and per-handler options (--set NAME.OPTION, SQSWORKER_NAME__OPTION) could "
-                "not tell them apart: import one of them under another name"
+            alike = (
+                f"named {named.name!r}"
+                if same.name == named.name
+                else f"named {same.name!r} and {named.name!r}, alike in capitals"
             )
-        names[named.name] = named
+            raise ConfigError(
+                f"two handlers are {alike} ({same.target} and {named.target}), and "
+                "per-handler options (--set NAME.OPTION, SQSWORKER_NAME__OPTION) could not "
+                "tell them apart: import one of them under another name"
+            )
+        names[config.handler_env_name(named.name)] = named
     return found
 
 
@@ -100,12 +107,7 @@ def configure(
                     f"{variable}: {config.label(option)} is one for the whole process, not "
                     f"per handler: set {config.env_var(option)} instead"
                 )
-    configs = [
-        config.resolve(
-            cli, env, h.handler.options, handler=h.name, handler_cli=per_handler.get(h.name)
-        )
-        for h in handlers
-    ]
+    configs = [_resolve(h, cli, env, per_handler, several=len(handlers) > 1) for h in handlers]
     if len(handlers) == 1:
         return configs
     for index, (named, cfg) in enumerate(zip(handlers, configs, strict=True)):
@@ -135,6 +137,36 @@ def configure(
                     f"{config.flag(option)}"
                 )
     return configs
+
+
+def _resolve(
+    named: Named,
+    cli: Mapping[str, str | None],
+    env: Mapping[str, str],
+    per_handler: Mapping[str, Mapping[str, str]],
+    *,
+    several: bool,
+) -> WorkerConfig:
+    """One handler's configuration; with several handlers, an error says whose."""
+    try:
+        return config.resolve(
+            cli,
+            env,
+            named.handler.options,
+            handler=named.name,
+            handler_cli=per_handler.get(named.name),
+        )
+    except ConfigError as exc:
+        if not several:
+            raise
+        if exc.field == "queue" and "no queue was given" in str(exc):
+            raise ConfigError(
+                f"the handler {named.name} has no queue: give it one with "
+                f"@sqsworker.handler(queue=...), --set {named.name}.queue=NAME or "
+                f"{config.handler_env_var(named.name, 'queue')}",
+                field="queue",
+            ) from None
+        raise ConfigError(f"handler {named.name}: {exc}", field=exc.field) from None
 
 
 def _same_queue(a: str, b: str) -> bool:
@@ -188,9 +220,11 @@ class Process:
         def shut(worker: Worker) -> None:
             try:
                 codes.append(worker.shutdown())
-            except BaseException:
+            except Exception:  # a fault of the worker's own: said, and the exit code is 1
+                structlog.get_logger("sqsworker").exception(
+                    "shutdown failed", handler=worker.handler.name
+                )
                 codes.append(1)
-                raise
 
         threads = [
             threading.Thread(target=shut, args=(w,), name=f"sqsworker-shutdown-{i}")

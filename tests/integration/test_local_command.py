@@ -154,6 +154,33 @@ def test_a_fifo_group_in_flight_is_not_handed_to_a_second_long_poll(
     assert answers == [(["m0", "m1"], False), (["m2", "m3"], True)]
 
 
+def test_a_message_visible_again_reaches_a_long_poll_under_way(
+    local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message handed back (as a retry's backoff or a shutdown does) while a long poll
+    waits is returned by that poll, as SQS does, not at the end of its wait: the embedded
+    endpoint looks again within a second."""
+    from moto.sqs.models import sqs_backends
+
+    for key, value in local_sqs.env().items():
+        monkeypatch.setenv(key, value)
+    name = unique("again")
+    local_sqs.create_queue(name, max_receive_count=None, visibility_timeout=60)
+    transport = SQSTransport.connect(name)
+    send_all(transport, ["m"])
+    [held] = transport.receive(1, 0, 60, None)
+    waiters = sqs_backends[next(iter(sqs_backends))][REGION].queues[name]._messages_lock._waiters
+    got: list[list[str]] = []
+    poll = threading.Thread(
+        target=lambda: got.append([e.body for e in SQSTransport.connect(name).receive(1, 20, 60)])
+    )
+    poll.start()
+    wait_until(lambda: len(waiters) == 1, what="the long poll waiting")
+    transport.change_visibility_batch([(held.message_id, held.receipt_handle, 0)])
+    poll.join(5)  # the poll's own wait is 20 s
+    assert got == [["m"]]
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # moto's
 def test_a_port_taken_between_the_probe_and_the_bind_fails_instead_of_hanging(
     monkeypatch: pytest.MonkeyPatch,

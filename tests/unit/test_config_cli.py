@@ -88,6 +88,32 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             pass
     """)
     )
+    (tmp_path / "caseapp.py").write_text(
+        textwrap.dedent("""
+        import sqsworker
+
+        @sqsworker.handler(queue="orders")
+        def orders(message):
+            pass
+
+        @sqsworker.handler(queue="orders-eu")
+        def Orders(message):
+            pass
+    """)
+    )
+    (tmp_path / "noqueueapp.py").write_text(
+        textwrap.dedent("""
+        import sqsworker
+
+        @sqsworker.handler(queue="orders")
+        def orders(message):
+            pass
+
+        @sqsworker.handler()
+        def payments(message):
+            pass
+    """)
+    )
     (tmp_path / "plainapp.py").write_text("def process(message):\n    pass\n")
     (tmp_path / "brokenapp.py").write_text("import a_dependency_that_is_missing\n")
     (tmp_path / "raisingapp.py").write_text("raise RuntimeError('bad settings')\n")
@@ -135,6 +161,15 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (["run", "twoapp", "--set", "orders.metrics-port=1"], 2, "one for the whole process"),
         (["run", "twoapp", "--set", "orders.concurrency=0"], 2, "(set by --set orders.concu"),
         (["run", "clashapp"], 2, "orders and process ask for different metrics ports"),
+        (["run", "caseapp"], 2, "named 'orders' and 'Orders', alike in capitals"),
+        (
+            ["run", "noqueueapp"],
+            2,
+            "the handler payments has no queue: give it one with @sqsworker.handler(queue=...), "
+            "--set payments.queue=NAME or SQSWORKER_PAYMENTS__QUEUE",
+        ),
+        (["run", "twoapp", "--set", "orders.concurrency=x"], 2, "handler orders: --set orders.co"),
+        (["run", "twoapp", "--set", "orders.burst=true"], 2, "burst is one for the whole process"),
         (["run", "brokenapp:x"], 2, "importing module 'brokenapp' failed: ModuleNotFoundError"),
         (["run", "raisingapp:x"], 2, "RuntimeError: bad settings at"),
         (["run", "goodapp:process", "--visibility-timeout", "50000"], 2, "43200"),
