@@ -239,4 +239,5 @@ class Process:
     def health(self) -> Health | ProcessHealth:
         if len(self.workers) == 1:
             return next(iter(self.workers.values())).health()
-        return ProcessHealth({name: w.health() for name, w in self.workers.items()})
+        # By the handler's full name, as the logs and the metrics name it.
+        return ProcessHealth({w.handler.name: w.health() for w in self.workers.values()})
