@@ -116,8 +116,9 @@ class WorkerConfig:
         default=None,
         metadata=_option(
             "Messages held beyond the running ones, waiting to start (leases kept alive). "
-            "auto: a batch (10), plus what the handlers finish during one receive's round "
-            "trip, at most max(10, --concurrency).",
+            "auto: a batch (10), plus what the handler threads could finish during one "
+            "receive's round trip (concurrency x round trip / a message's time, measured as "
+            "the worker runs), at most max(10, 2 x --concurrency).",
             _parse_prefetch,
             metavar="N|auto",
             default_text="auto",

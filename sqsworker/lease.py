@@ -178,7 +178,12 @@ class LeaseKeeper:
         # Called on this thread (no lock held) when held messages were settled or lost.
         self.on_released = on_released
         self._lock = threading.Lock()  # guards _held, _ops, every Held's state, _stopping
+        # The lease thread, stop() and extend() callers wait on _wake. The senders wait on
+        # conditions of their own, so waking the lease thread (once per finished message
+        # at times) wakes no sender, and a call queued wakes one sender, not all of them.
         self._wake = threading.Condition(self._lock)
+        self._call_ready = threading.Condition(self._lock)  # the general senders
+        self._renewal_ready = threading.Condition(self._lock)  # the renewals-only sender
         self._held: dict[str, Held] = {}  # by receipt handle
         self._expiry_floor = math.inf  # no held lease ends before this
         # The lease thread waits until then (inf: until woken); -inf while it works.
@@ -392,6 +397,8 @@ class LeaseKeeper:
             with self._wake:
                 self._finished = True  # the senders end once the calls under way are made
                 self._wake.notify_all()
+                self._call_ready.notify_all()
+                self._renewal_ready.notify_all()
 
     def _loop(self) -> None:
         while True:
@@ -435,18 +442,21 @@ class LeaseKeeper:
         self._settle_calls.extend(settles)
         self._renewal_calls.extend(renews)
         self._under_way += len(settles) + len(renews)
-        self._wake.notify_all()
+        if renews:
+            self._renewal_ready.notify()
+        self._call_ready.notify(len(settles) + len(renews))  # they take renewals first too
 
     def _send(self, progress: Progress, renewals_only: bool) -> None:
         """A sender thread: make the calls the lease thread queued, one at a time."""
         try:
             while True:
+                ready = self._renewal_ready if renewals_only else self._call_ready
                 with self._wake:
                     while not self._finished and not (
                         self._renewal_calls or (self._settle_calls and not renewals_only)
                     ):
                         progress.idle()
-                        self.clock.wait(self._wake, None)
+                        self.clock.wait(ready, None)
                     if self._renewal_calls:
                         call = self._renewal_calls.popleft()
                     elif self._settle_calls and not renewals_only:

@@ -240,9 +240,9 @@ class Metrics(Observer):
 
     def handler_started(self, message: Message) -> None:
         self._receive_count.observe(message.receive_count)
-        if message.sent_at is not None:
-            age = self.clock.time() - message.sent_at.timestamp()
-            self._age.observe(max(0.0, age))
+        sent = message.attributes.get("SentTimestamp")  # milliseconds: no datetime per message
+        if sent:
+            self._age.observe(max(0.0, self.clock.time() - int(sent) / 1000))
 
     def handler_succeeded(self, message: Message, duration: float) -> None:
         self._succeeded.inc()

@@ -68,11 +68,11 @@ class Worker:
         self.idempotency: Idempotency | None = None
         self._dead_letter_queue: Transport | None = None
         prefetch = self.config.prefetch
-        # --prefetch auto: as many as the handlers finish during a receive's round trip,
-        # so threads never wait on one, plus a batch; measured as the worker runs.
-        self.pace = None if prefetch is not None else Pace(self.clock)
+        # --prefetch auto: as many as the handler threads could finish during a receive's
+        # round trip, so they never wait on one, plus a batch; measured as the worker runs.
+        self.pace = None if prefetch is not None else Pace(self.clock, self.config.concurrency)
         self.prefetch_limit = (
-            prefetch if prefetch is not None else max(MAX_BATCH, self.config.concurrency)
+            prefetch if prefetch is not None else max(MAX_BATCH, 2 * self.config.concurrency)
         )
         self.capacity = self.config.concurrency + self.prefetch_limit  # waiting or running
         self.batch = min(MAX_BATCH, self.capacity)  # a receive waits for room for this many
@@ -449,6 +449,7 @@ class Worker:
         try:
             while (held := self._next()) is not None:
                 kept = False
+                began = self.clock.monotonic()
                 try:
                     kept = self._process(held)
                 except BaseException:
@@ -459,7 +460,7 @@ class Worker:
                     raise
                 finally:
                     if not kept:
-                        self._finish(held)
+                        self._finish(held, self.clock.monotonic() - began)
         finally:
             with self._slots:
                 self._handlers_alive -= 1  # read by /healthz: a thread lost is not live
@@ -478,7 +479,7 @@ class Worker:
                     return waiting
                 self.clock.wait(self._runnable, min((d for d, _ in self._deferred), default=None))
 
-    def _finish(self, held: Held) -> None:
+    def _finish(self, held: Held, took: float) -> None:
         assert self.keeper is not None
         with self._slots:
             # A FIFO group's later messages must not overtake one that comes back. Their
@@ -489,7 +490,7 @@ class Worker:
                 self.keeper.release(h, 0, HANDED_BACK_BEHIND, urgent=True)
             self._unfinished -= 1 + len(later)
             if self.pace is not None:
-                self.pace.finished()
+                self.pace.finished(took)
             self._slots.notify_all()  # room for the receives, and the shutdown's count
             if isinstance(self._pending, Lanes):
                 self._runnable.notify()  # the group's next message may run now
@@ -672,38 +673,39 @@ class Worker:
 
 
 class Pace:
-    """The handlers' pace and a receive's round trip, smoothed, for --prefetch auto.
+    """A message's time on its handler thread and a receive's round trip, smoothed, for
+    --prefetch auto.
 
-    ``ahead()`` is how many messages the handlers finish while one receive is under
-    way: held beyond the running ones, they keep every thread busy until it returns.
-    The caller serialises the calls (the worker's ``_slots``).
+    ``ahead()`` is how many messages the handler threads would finish while one receive
+    is under way if none of them waited: held beyond the running ones (waiting, or asked
+    for by receives under way), they keep every thread busy until it returns. It counts
+    what the threads could do, not what they did: a pace measured while they waited for
+    messages would hold fewer and keep them waiting. The caller serialises the calls (the
+    worker's ``_slots``).
     """
 
-    WINDOW = 0.5  # seconds of finished messages per measure of the pace
-    WEIGHT = 0.3  # of each new measure in the smoothed value
+    WEIGHT = 0.3  # of each new round trip in the smoothed one
+    TOOK_WEIGHT = 0.05  # of each message's time: one message is a noisy measure
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, concurrency: int) -> None:
         self.clock = clock
-        self.rate = 0.0  # messages finished per second
+        self.concurrency = concurrency
+        self.took = 0.0  # seconds a message keeps its handler thread
         self.trip = 0.0  # seconds a receive that returned messages took
-        self._since = clock.monotonic()
-        self._count = 0
 
-    def finished(self) -> None:
-        self._count += 1
-        now = self.clock.monotonic()
-        if now - self._since >= self.WINDOW:
-            self.rate = self._smooth(self.rate, self._count / (now - self._since))
-            self._since, self._count = now, 0
+    def finished(self, seconds: float) -> None:
+        seconds = max(seconds, 1e-6)
+        self.took = (
+            seconds if self.took == 0 else self.took + self.TOOK_WEIGHT * (seconds - self.took)
+        )
 
     def answered(self, seconds: float) -> None:
-        self.trip = self._smooth(self.trip, seconds)
+        self.trip = seconds if self.trip == 0 else self.trip + self.WEIGHT * (seconds - self.trip)
 
     def ahead(self) -> int:
-        return math.ceil(self.rate * self.trip)
-
-    def _smooth(self, old: float, new: float) -> float:
-        return new if old == 0 else old + self.WEIGHT * (new - old)
+        if self.took == 0:
+            return 0
+        return math.ceil(self.concurrency * self.trip / self.took)
 
 
 def _dead_letter_copy(message: Message, exc: BaseException) -> OutgoingMessage:

@@ -249,9 +249,11 @@ def test_shutdown_says_which_long_poll_it_waits_for_and_hands_back_what_it_retur
 def test_auto_prefetch_holds_what_the_handlers_finish_during_a_receive(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
-    """At 2,000 messages a second and 20 ms a receive, 40 finish while one is under way:
-    held waiting beyond the running ones (with a batch), no thread waits on a receive.
-    Never more than max(10, concurrency); a fixed --prefetch is exactly that."""
+    """64 handler threads, 20 ms a message and 20 ms a receive: the threads could finish
+    64 while one receive is under way, so that many are held beyond the running ones
+    (with a batch), and no thread waits on a receive. It counts what the threads could
+    finish, not what they did, which a starved worker would measure low and keep low.
+    Never more than max(10, 2 x concurrency); a fixed --prefetch is exactly that."""
     from sqsworker import Worker, WorkerConfig
 
     memory.create_queue("jobs")
@@ -261,17 +263,15 @@ def test_auto_prefetch_holds_what_the_handlers_finish_during_a_receive(
         transport=memory.transport("jobs"),
         clock=clock,
     )
-    assert worker.pace is not None and worker.capacity == 128
+    assert worker.pace is not None and worker.capacity == 64 + 128
     assert worker._capacity() == 64 + 10  # nothing measured yet: a batch
-    for _ in range(1000):
-        worker.pace.finished()
-    clock.advance(0.5)
-    worker.pace.finished()
+    for _ in range(100):
+        worker.pace.finished(0.02)
     worker.pace.answered(0.02)
-    assert worker.pace.ahead() == 41  # 1,001 in 0.5 s, times 20 ms
-    assert worker._capacity() == 64 + 10 + 41
-    worker.pace.answered(2.0)  # a slow network: a round trip of 0.6 s, smoothed
-    assert worker._capacity() == 128  # at most max(10, concurrency) beyond the running ones
+    assert worker.pace.ahead() == 64
+    assert worker._capacity() == 64 + 10 + 64
+    worker.pace.answered(0.2)  # a slow network: a round trip of 74 ms, smoothed
+    assert worker._capacity() == 64 + 128  # at most max(10, 2 x concurrency) beyond
 
     fixed = Worker(
         lambda m: None,
