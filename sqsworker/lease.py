@@ -185,6 +185,7 @@ class LeaseKeeper:
         self._call_ready = threading.Condition(self._lock)  # the general senders
         self._renewal_ready = threading.Condition(self._lock)  # the renewals-only sender
         self._held: dict[str, Held] = {}  # by receipt handle
+        self._settling = 0  # of them, SETTLING: changed only through _set_state
         self._expiry_floor = math.inf  # no held lease ends before this
         # The lease thread waits until then (inf: until woken); -inf while it works.
         self._waiting_until = -math.inf
@@ -298,8 +299,7 @@ class LeaseKeeper:
 
     def settling_count(self) -> int:
         """Held messages through their handler, their delete or return not yet answered."""
-        with self._lock:
-            return sum(h.state is State.SETTLING for h in self._held.values())
+        return self._settling  # one int, read whole: no lock needed
 
     def alive(self) -> bool:
         with self._lock:
@@ -378,7 +378,7 @@ class LeaseKeeper:
                     self.observer.delete_failed(held.message, _DISOWNED, False)
                 return  # SQS returns it by itself (a delete now would change nothing)
             if held.state is not State.LOST:
-                held.state = State.SETTLING
+                self._set_state(held, State.SETTLING)
             held.outcome = op.action
             op.queued_at = self.clock.monotonic()
             self._ops.append(op)
@@ -519,8 +519,14 @@ class LeaseKeeper:
             return True
         return False
 
+    def _set_state(self, held: Held, state: State) -> None:
+        """Every change into or out of SETTLING goes through here (the lock held), so
+        ``settling_count`` is a counter, not a scan of every held message."""
+        self._settling += (state is State.SETTLING) - (held.state is State.SETTLING)
+        held.state = state
+
     def _lose(self, held: Held, reason: str, disowned: bool = False) -> None:
-        held.state = State.LOST
+        self._set_state(held, State.LOST)
         held.disowned = held.disowned or disowned
         self._held.pop(held.envelope.receipt_handle, None)
         self.observer.lease_lost(held.message, reason)
@@ -641,7 +647,7 @@ class LeaseKeeper:
                 if failure is None:
                     done.append(op)
                     if op.held.state is not State.LOST:
-                        op.held.state = State.DONE
+                        self._set_state(op.held, State.DONE)
                     self._held.pop(op.held.envelope.receipt_handle, None)
                 elif failure.lease_lost:
                     if op.held.state is not State.LOST:

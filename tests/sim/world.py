@@ -10,7 +10,7 @@ The invariants (docs/delivery.md states the promise they check):
 - a handler starts only on a message whose SQS lease is this receive's and alive;
 - a message is reported deleted only if SQS no longer holds it;
 - a worker holds at most its bound: concurrency + prefetch (auto: at most
-  max(10, concurrency)), plus a batch per lease sender awaiting its answer;
+  max(10, 2 x concurrency)), plus a batch per lease sender awaiting its answer;
 - every message ends deleted after its handler succeeded, in the dead-letter queue
   for a reason the worker reported, or in the queue: never lost;
 - no thread waits forever: lease.extend() returns within a lease, shutdown within
@@ -34,6 +34,7 @@ from sqsworker import Backoff, Message, Reject, Retry, Worker, WorkerConfig
 from sqsworker.errors import ConfigError, LeaseLost, StoreError, TransportError
 from sqsworker.events import Observer, Observers
 from sqsworker.idempotency import CLAIM_MARGIN
+from sqsworker.lease import State
 from sqsworker.stores import Lease, Record
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import (
@@ -772,6 +773,13 @@ class World:
             if running.crashed or worker.keeper is None:
                 continue
             held = worker.keeper.held_count()
+            with worker.keeper._lock:
+                settling = sum(h.state is State.SETTLING for h in worker.keeper._held.values())
+            if settling != worker.keeper.settling_count():
+                self.violation(
+                    f"worker {running.recorder.index} counts {worker.keeper.settling_count()} "
+                    f"settling, holds {settling}"
+                )
             if held > worker.held_bound:
                 self.violation(
                     f"worker {running.recorder.index} holds {held} > {worker.held_bound}"
