@@ -4,8 +4,10 @@ one drain, as JSON.
 A worker (concurrency 16 unless told, burst mode) drains MESSAGES from the in-memory SQS,
 optionally behind ``Latency``; prints msg/s (from the start to the last delete), SQS
 requests per message (all, and busy: receives that returned messages, deletes and
-renewals), seconds from the last delete to the worker's exit, and the folder
-sqsworker was imported from. ``sleepN`` handlers sleep N ms. ``--idle S`` instead runs a
+renewals), seconds from the last delete to the worker's exit, the process's CPU time
+per message (every thread, the in-memory SQS's included; ``--metrics`` adds the
+Prometheus metrics as ``sqsworker run`` has them), and the folder sqsworker was
+imported from. ``sleepN`` handlers sleep N ms. ``--idle S`` instead runs a
 worker (not in burst mode, default --wait-time) on an empty queue for S seconds, then stops
 it: requests per minute, and seconds from the stop request to the exit. ``bench.versus``
 and ``bench.grid`` run it against two versions of sqsworker, so it uses only API that
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import sqsworker
 from sqsworker import Message, Worker, WorkerConfig
-from sqsworker.events import Observers, Tally
+from sqsworker.events import Observer, Observers, Tally
 from sqsworker.transports import Transport, send_all
 from sqsworker.transports.memory import MemorySQS
 
@@ -62,6 +64,7 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=0)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--idle", type=float, default=0, help="seconds on an empty queue")
+    parser.add_argument("--metrics", action="store_true", help="with Prometheus metrics")
     args = parser.parse_args()
     if args.idle:
         return idle(args.idle, args.latency_ms)
@@ -80,15 +83,25 @@ def main() -> None:
         visibility_timeout=30,
     )
     finish, tally = Finish(args.messages), Tally()
+    observers: list[Observer] = [finish, tally]
+    if args.metrics:
+        from sqsworker.metrics import Metrics
+
+        metrics = Metrics(config.queue, "bench.drain")
+        observers.append(metrics)
     started = time.perf_counter()
+    cpu = time.process_time()
     worker = Worker(
         handler_named(args.handler),
         config,
         transport=transport,
-        observer=Observers([finish, tally]),
+        observer=Observers(observers),
     )
+    if args.metrics:
+        metrics.watch(worker)
     worker.run()
     ended = time.perf_counter()
+    cpu = time.process_time() - cpu
     assert finish.at is not None, "not every message was deleted"
     requests = memory.requests - before
     busy = (  # receives that returned messages, deletes and renewals: the saturated cost
@@ -102,6 +115,7 @@ def main() -> None:
         "requests_per_message": sum(requests.values()) / args.messages,
         "busy_requests_per_message": busy / args.messages,
         "exit_after_last_delete": ended - finish.at,
+        "cpu_us_per_message": cpu / args.messages * 1e6,
         "sqsworker": str(Path(sqsworker.__file__).parent),
     }
     print(json.dumps(result))

@@ -187,6 +187,10 @@ class LeaseKeeper:
         self._held: dict[str, Held] = {}  # by receipt handle
         self._settling = 0  # of them, SETTLING: changed only through _set_state
         self._expiry_floor = math.inf  # no held lease ends before this
+        # No held message is due for renewal before this: a pass of the lease thread
+        # scans for renewals only from then on (changed only through _renew_at, add, and
+        # the scan that sets it exactly).
+        self._renew_floor = math.inf
         # The lease thread waits until then (inf: until woken); -inf while it works.
         self._waiting_until = -math.inf
         self._ops: list[_Op] = []
@@ -218,6 +222,7 @@ class LeaseKeeper:
             for h in held:
                 self._held[h.envelope.receipt_handle] = h
             self._expiry_floor = min(self._expiry_floor, received_at + timeout)
+            self._renew_floor = min(self._renew_floor, min(h.renew_at for h in held))
             self._wake.notify_all()
         return held
 
@@ -334,7 +339,7 @@ class LeaseKeeper:
             target = held.renewals + 1
             held.timeout = seconds
             if held.renew_at < math.inf:  # at the cap no renewal will come: answer at once
-                held.renew_at = -math.inf
+                self._renew_at(held, -math.inf)
                 held.renewal_wanted = True  # a renewal under way now does not count
             self._wake.notify_all()
             # Until renewed, lost, settled, at the cap, or past the lease: never longer.
@@ -486,7 +491,7 @@ class LeaseKeeper:
             self._retry(unsettled)
             with self._lock:
                 for held in call.renewals:
-                    held.renew_at = self.clock.monotonic() + RETRY_AFTER_ERROR
+                    self._renew_at(held, self.clock.monotonic() + RETRY_AFTER_ERROR)
         finally:
             with self._wake:
                 for held in call.held:
@@ -519,6 +524,12 @@ class LeaseKeeper:
             return True
         return False
 
+    def _renew_at(self, held: Held, moment: float) -> None:
+        """Every change of a held message's renewal moment goes through here (the lock
+        held), so ``_renew_floor`` stays at or below each of them."""
+        held.renew_at = moment
+        self._renew_floor = min(self._renew_floor, moment)
+
     def _set_state(self, held: Held, state: State) -> None:
         """Every change into or out of SETTLING goes through here (the lock held), so
         ``settling_count`` is a counter, not a scan of every held message."""
@@ -545,10 +556,16 @@ class LeaseKeeper:
         if ops:
             sent = {id(op) for op in ops}
             self._ops = [op for op in self._ops if id(op) not in sent]
-        renewable = self._renewable(settling_now=ops)
         renewals: list[Held] = []
-        if any(h.renew_at <= now for h in renewable):
-            renewals = [h for h in renewable if h.renew_at <= now + h.timeout / 4]
+        if now >= self._renew_floor:
+            renewable = self._renewable(settling_now=ops)
+            if any(h.renew_at <= now for h in renewable):
+                renewals = [h for h in renewable if h.renew_at <= now + h.timeout / 4]
+            # Exactly, over every held message that may be renewed later (a busy one
+            # too: its call's answer makes it renewable without a new moment).
+            self._renew_floor = min(
+                (h.renew_at for h in self._held.values() if h.state in _LIVE), default=math.inf
+            )
         return ops, renewals
 
     def _send_by(self, op: _Op) -> float:
@@ -589,7 +606,10 @@ class LeaseKeeper:
             for op in self._ops
             if not op.held.busy
         ]
-        deadlines += [h.renew_at for h in self._renewable()]
+        if self._renew_floor > now:
+            deadlines.append(self._renew_floor)  # none is due before: wake then, look
+        else:
+            deadlines += [h.renew_at for h in self._renewable()]
         deadlines.append(self._expiry_floor)
         if self._give_up_at is not None:
             deadlines.append(self._give_up_at)
@@ -723,7 +743,7 @@ class LeaseKeeper:
                     held.near_cap_warned = True
                     self.observer.lease_near_cap(held.message, budget)
                 if seconds < 1:
-                    held.renew_at = math.inf  # at the cap: it will expire and come back
+                    self._renew_at(held, math.inf)  # at the cap: it will expire and come back
                     self._wake.notify_all()  # an extend() waiting for a renewal returns
                     continue
                 by_seconds.setdefault(seconds, []).append(held)
@@ -741,7 +761,7 @@ class LeaseKeeper:
             with self._lock:
                 failed_at = self.clock.monotonic()
                 for held in batch:
-                    held.renew_at = started + RETRY_AFTER_ERROR
+                    self._renew_at(held, started + RETRY_AFTER_ERROR)
                     if exc.retryable:  # SQS may have acted before the answer was lost
                         held.sqs_until = max(held.sqs_until, failed_at + seconds)
             return
@@ -761,20 +781,20 @@ class LeaseKeeper:
                 if failure is None:
                     held.expires_at = started + seconds  # earlier, after extend() to less
                     self._expiry_floor = min(self._expiry_floor, held.expires_at)
-                    held.renew_at = started + seconds / 2
+                    self._renew_at(held, started + seconds / 2)
                     if held.renewal_wanted:  # extend() asked after this call went: again
-                        held.renew_at = -math.inf
+                        self._renew_at(held, -math.inf)
                     else:
                         held.renewals += 1
                     extended.append(held.message)
                 elif failure.lease_lost:
                     self._lose(held, f"{failure.code}: {failure.message}", disowned=True)
                 elif failure.past_cap:
-                    held.renew_at = math.inf  # SQS says the cap is reached: it will come back
+                    self._renew_at(held, math.inf)  # SQS says the cap is reached: it will come back
                     self.observer.lease_near_cap(held.message, held.seconds_left)
                     self._wake.notify_all()
                 else:
-                    held.renew_at = started + RETRY_AFTER_ERROR
+                    self._renew_at(held, started + RETRY_AFTER_ERROR)
         if extended:
             self.observer.leases_extended(extended, seconds)
             if self.on_renewed is not None:
