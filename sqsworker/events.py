@@ -118,22 +118,41 @@ class Observer:
 
 
 class Observers(Observer):
-    """Fans each event out to several observers."""
+    """Fans each event out to several observers.
+
+    Nested ``Observers`` are flattened, and each event calls only the observers that
+    handle it (a method of their own, not ``Observer``'s no-op): events come several
+    times a message, and most observers handle few of them.
+    """
 
     def __init__(self, observers: Sequence[Observer]) -> None:
-        self.observers = list(observers)
+        self.observers: list[Observer] = []
+        for observer in observers:
+            nested = isinstance(observer, Observers)
+            self.observers.extend(observer.observers if nested else [observer])  # type: ignore[attr-defined]
         for name in _EVENTS:
-            setattr(self, name, self._fan_out(name))
+            handlers = [getattr(o, name) for o in self.observers if _handles(o, name)]
+            setattr(self, name, _fan_out(handlers))
 
-    def _fan_out(self, name: str) -> Any:
-        def call(*args: Any) -> None:
-            for observer in self.observers:
-                try:
-                    getattr(observer, name)(*args)
-                except Exception:
-                    _log.exception("observer %s.%s raised", type(observer).__name__, name)
 
-        return call
+def _handles(observer: Observer, name: str) -> bool:
+    return name in vars(observer) or getattr(type(observer), name) is not getattr(Observer, name)
+
+
+def _fan_out(handlers: list[Any]) -> Any:
+    def call(*args: Any) -> None:
+        for handler in handlers:
+            try:
+                handler(*args)
+            except Exception:
+                owner = type(getattr(handler, "__self__", handler)).__name__
+                _log.exception("observer %s.%s raised", owner, handler.__name__)
+
+    return call if handlers else _nothing
+
+
+def _nothing(*args: Any) -> None:
+    pass
 
 
 _log = logging.getLogger("sqsworker.events")

@@ -42,8 +42,7 @@ def test_an_observer_that_raises_breaks_nothing(
         def handler_succeeded(self, message: Message, duration: float) -> None:
             raise ValueError("observer bug")
 
-    rig = Rig(memory, clock, lambda m: None)
-    rig.worker.observer.observers.append(Broken())  # type: ignore[attr-defined]
+    rig = Rig(memory, clock, lambda m: None, observers=[Broken()])
     rig.send("x")
     rig.worker.start()
     rig.wait_for("deleted", 1)
