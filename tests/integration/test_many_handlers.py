@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,19 @@ def test_two_queues_in_one_process_each_with_its_options_and_one_sigterm(
             lambda: (orders.queue.counts().in_flight, refunds.queue.counts().in_flight) == (6, 7),
             what="each worker holding its running messages and its prefetch",
         )
+        signalled = time.monotonic()
         worker.send_signal(signal.SIGTERM)
+        # Both queues' unstarted messages are visible again while the running ones run.
+        wait_until(
+            lambda: (orders.queue.counts().visible, refunds.queue.counts().visible) == (6, 5),
+            timeout=10,
+            what="the unstarted messages of both queues handed back",
+        )
+        handed_back_after = time.monotonic() - signalled
         assert worker.wait(30) == 0, log_path.read_text()
+        print(
+            f"\nSIGTERM -> both queues' unstarted messages visible after {handed_back_after:.2f} s"
+        )
     finally:
         if worker.poll() is None:
             worker.kill()
