@@ -131,22 +131,22 @@ class Observers(Observer):
             nested = isinstance(observer, Observers)
             self.observers.extend(observer.observers if nested else [observer])  # type: ignore[attr-defined]
         for name in _EVENTS:
-            handlers = [getattr(o, name) for o in self.observers if _handles(o, name)]
-            setattr(self, name, _fan_out(handlers))
+            handlers = [(o, getattr(o, name)) for o in self.observers if _handles(o, name)]
+            setattr(self, name, _fan_out(name, handlers))
 
 
 def _handles(observer: Observer, name: str) -> bool:
-    return name in vars(observer) or getattr(type(observer), name) is not getattr(Observer, name)
+    own = getattr(type(observer), name, None)
+    return name in vars(observer) or own is not getattr(Observer, name)
 
 
-def _fan_out(handlers: list[Any]) -> Any:
+def _fan_out(name: str, handlers: list[tuple[Observer, Any]]) -> Any:
     def call(*args: Any) -> None:
-        for handler in handlers:
+        for observer, handler in handlers:
             try:
                 handler(*args)
-            except Exception:
-                owner = type(getattr(handler, "__self__", handler)).__name__
-                _log.exception("observer %s.%s raised", owner, handler.__name__)
+            except Exception:  # nothing here may raise: the caller is a worker's thread
+                _log.exception("observer %s.%s raised", type(observer).__name__, name)
 
     return call if handlers else _nothing
 

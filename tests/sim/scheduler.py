@@ -7,9 +7,11 @@ next wait. The scheduler (the test's thread) hands the turn out:
 
 - to a thread that has not run yet;
 - to the threads whose wait's deadline has come;
-- to the threads waiting on a condition that was notified (``install`` wraps
-  ``threading.Condition.notify`` to see it): a wake-up the code forgot to send
-  is never sent, so a thread that would hang on real threads hangs here too;
+- to the threads a notification woke (``install`` wraps ``threading.Condition``'s
+  ``notify`` and ``notify_all`` to see them): ``notify(n)`` wakes the ``n`` threads
+  that have waited on the condition longest, as ``threading`` does, and a
+  notification with nobody waiting wakes nobody later; so a wake-up the code forgot
+  to send, or sent to too few threads, is missed here as on real threads;
 - now and then, to a thread nobody woke: ``Clock.wait`` may return early, and
   the code must cope.
 
@@ -34,12 +36,19 @@ SPURIOUS = 0.02  # the chance, per round, that a waiting thread is woken for not
 
 _active: SimClock | None = None  # the clock whose notifications are being watched
 _original_notify = threading.Condition.notify
+_original_notify_all = threading.Condition.notify_all
 
 
 def _notify(cond: threading.Condition, n: int = 1) -> None:
     if _active is not None:
-        _active.notified.add(id(cond))
+        _active.wake(cond, n)
     _original_notify(cond, n)
+
+
+def _notify_all(cond: threading.Condition) -> None:
+    if _active is not None:
+        _active.wake(cond, None)
+    _original_notify_all(cond)  # its notify(len(real waiters)) wakes no simulated thread
 
 
 class SimAbort(BaseException):
@@ -61,6 +70,8 @@ class SimTask:
         self.started = False
         self.cond: object | None = None
         self.deadline: float | None = None
+        self.since = 0  # when its wait began, in waits: notify() wakes the longest waiting
+        self.woken = False  # a notification woke it from its current wait
         self.thread: threading.Thread | None = None
 
     def is_alive(self) -> bool:
@@ -80,7 +91,7 @@ class SimClock:
         self._local = threading.local()
         self.tasks: list[SimTask] = []
         self.group = "main"  # the group new tasks join; the simulator sets it per worker
-        self.notified: set[int] = set()  # ids of conditions notified since the last round
+        self._waits = 0  # waits begun, to order the waiters of a condition
         self.errors: list[tuple[str, BaseException, str]] = []  # threads that died
         self._teardown = False
 
@@ -107,7 +118,8 @@ class SimClock:
             raise SimAbort
         if deadline is not None and deadline <= self._now:
             return  # the deadline has come: no wait, as with any clock
-        task.cond, task.deadline = cond, deadline
+        self._waits += 1
+        task.cond, task.deadline, task.since, task.woken = cond, deadline, self._waits, False
         saved = cond._release_save()  # type: ignore[attr-defined]
         try:
             self._park(task)
@@ -165,16 +177,28 @@ class SimClock:
 
     # -- the scheduler's side ----------------------------------------------------------
 
+    def wake(self, cond: threading.Condition, n: int | None) -> None:
+        """``notify(n)`` (None: ``notify_all``): the ``n`` threads waiting on ``cond``
+        longest are ready to run."""
+        waiting = sorted(
+            (t for t in self.live() if t.started and t.cond is cond and not t.woken),
+            key=lambda t: t.since,
+        )
+        for task in waiting if n is None else waiting[:n]:
+            task.woken = True
+
     def install(self) -> None:
-        """Watch ``notify`` on every condition (one simulation at a time)."""
+        """Watch ``notify`` and ``notify_all`` on every condition (one simulation at a time)."""
         global _active
         _active = self
         threading.Condition.notify = _notify  # type: ignore[method-assign]
+        threading.Condition.notify_all = _notify_all  # type: ignore[method-assign]
 
     def uninstall(self) -> None:
         global _active
         _active = None
         threading.Condition.notify = _original_notify  # type: ignore[method-assign]
+        threading.Condition.notify_all = _original_notify_all  # type: ignore[method-assign]
 
     def live(self) -> list[SimTask]:
         return [t for t in self.tasks if not t.finished and not t.frozen]
@@ -190,7 +214,7 @@ class SimClock:
                     raise SimStuck(f"{task.name} blocked outside the clock:\n{_stack(task)}")
 
     def _ready(self, task: SimTask) -> bool:
-        if not task.started or id(task.cond) in self.notified:
+        if not task.started or task.woken:
             return True
         if task.deadline is not None and task.deadline <= self._now:
             return True
@@ -202,7 +226,6 @@ class SimClock:
             ready = [t for t in self.live() if self._ready(t)]
             if not ready:
                 return
-            self.notified.clear()
             self.rng.shuffle(ready)
             for task in ready:
                 if not task.finished and not task.frozen:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from sqsworker import Message, Observer
@@ -48,6 +50,28 @@ def test_an_observer_that_raises_breaks_nothing(
     rig.wait_for("deleted", 1)
     rig.stop()
     assert "observer Broken.handler_succeeded raised" in caplog.text
+
+
+def test_an_observer_event_of_any_callable_that_raises_breaks_nothing(
+    memory: MemorySQS, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event set on the instance to a callable without a name (a partial): its error
+    is logged by the event's name (found by review: naming it raised in the thread)."""
+
+    def boom(*args: object) -> None:
+        raise ValueError("observer bug")
+
+    partial = Observer()
+    partial.handler_succeeded = functools.partial(boom)  # type: ignore[method-assign]
+    partial.received = functools.partial(boom)  # type: ignore[method-assign]
+    rig = Rig(memory, clock, lambda m: None, observers=[partial])
+    rig.send("x", "y")
+    rig.worker.start()
+    rig.wait_for("deleted", 2)
+    assert rig.worker.health().live
+    rig.stop()
+    assert "observer Observer.handler_succeeded raised" in caplog.text
+    assert "observer Observer.received raised" in caplog.text
 
 
 def test_message_build_takes_a_dict_as_its_json_body() -> None:
