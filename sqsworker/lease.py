@@ -271,8 +271,14 @@ class LeaseKeeper:
             return sum(h.state is State.SETTLING for h in held)
 
     def flush(self) -> None:
-        """Send the queued deletes and returns now, without waiting to fill a batch."""
+        """Send the queued deletes and returns now, without waiting to fill a batch.
+
+        Fewer than a batch are left to fill one while calls are under way: their answers
+        free room as soon, and a receive thread calls this each time it finds no room.
+        """
         with self._wake:
+            if len(self._ops) < MAX_BATCH and self._under_way:
+                return
             if any(not op.urgent for op in self._ops):
                 for op in self._ops:
                     op.urgent = True
