@@ -70,7 +70,7 @@ class Worker:
         prefetch = self.config.prefetch
         # --prefetch auto: as many as the handler threads could finish during a receive's
         # round trip, so they never wait on one, plus a batch; measured as the worker runs.
-        self.pace = None if prefetch is not None else Pace(self.clock, self.config.concurrency)
+        self.pace = None if prefetch is not None else Pace(self.config.concurrency)
         self.prefetch_limit = (
             prefetch if prefetch is not None else max(MAX_BATCH, 2 * self.config.concurrency)
         )
@@ -687,25 +687,26 @@ class Pace:
     WEIGHT = 0.3  # of each new round trip in the smoothed one
     TOOK_WEIGHT = 0.05  # of each message's time: one message is a noisy measure
 
-    def __init__(self, clock: Clock, concurrency: int) -> None:
-        self.clock = clock
+    def __init__(self, concurrency: int) -> None:
         self.concurrency = concurrency
         self.took = 0.0  # seconds a message keeps its handler thread
         self.trip = 0.0  # seconds a receive that returned messages took
 
     def finished(self, seconds: float) -> None:
-        seconds = max(seconds, 1e-6)
-        self.took = (
-            seconds if self.took == 0 else self.took + self.TOOK_WEIGHT * (seconds - self.took)
-        )
+        self.took = _smooth(self.took, max(seconds, 1e-6), self.TOOK_WEIGHT)
 
     def answered(self, seconds: float) -> None:
-        self.trip = seconds if self.trip == 0 else self.trip + self.WEIGHT * (seconds - self.trip)
+        self.trip = _smooth(self.trip, seconds, self.WEIGHT)
 
     def ahead(self) -> int:
         if self.took == 0:
             return 0
         return math.ceil(self.concurrency * self.trip / self.took)
+
+
+def _smooth(old: float, new: float, weight: float) -> float:
+    """An exponentially weighted mean; the first measure stands alone."""
+    return new if old == 0 else old + weight * (new - old)
 
 
 def _dead_letter_copy(message: Message, exc: BaseException) -> OutgoingMessage:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -56,64 +55,21 @@ def test_a_missing_queue_says_how_to_give_one() -> None:
 
 @pytest.fixture
 def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "goodapp.py").write_text(
-        textwrap.dedent("""
-        import sqsworker
-
-        @sqsworker.handler(queue="orders")
-        def process(message):
-            pass
-    """)
-    )
-    (tmp_path / "twoapp.py").write_text(
-        textwrap.dedent("""
-        import sqsworker
-
-        @sqsworker.handler(queue="orders")
-        def orders(message):
-            pass
-
-        @sqsworker.handler(queue="payments")
-        def payments(message):
-            pass
-    """)
-    )
-    (tmp_path / "clashapp.py").write_text(
-        textwrap.dedent("""
-        import sqsworker
-        from twoapp import orders
-
-        @sqsworker.handler(queue="refunds", metrics_port=9100)
-        def process(message):
-            pass
-    """)
-    )
-    (tmp_path / "caseapp.py").write_text(
-        textwrap.dedent("""
-        import sqsworker
-
-        @sqsworker.handler(queue="orders")
-        def orders(message):
-            pass
-
-        @sqsworker.handler(queue="orders-eu")
-        def Orders(message):
-            pass
-    """)
-    )
-    (tmp_path / "noqueueapp.py").write_text(
-        textwrap.dedent("""
-        import sqsworker
-
-        @sqsworker.handler(queue="orders")
-        def orders(message):
-            pass
-
-        @sqsworker.handler()
-        def payments(message):
-            pass
-    """)
-    )
+    modules = {
+        "goodapp": [("process", 'queue="orders"')],
+        "twoapp": [("orders", 'queue="orders"'), ("payments", 'queue="payments"')],
+        "clashapp": [("process", 'queue="refunds", metrics_port=9100')],
+        "caseapp": [("orders", 'queue="orders"'), ("Orders", 'queue="orders-eu"')],
+        "noqueueapp": [("orders", 'queue="orders"'), ("payments", "")],
+    }
+    for module, handlers in modules.items():
+        lines = [
+            "import sqsworker",
+            *(["from twoapp import orders"] if module == "clashapp" else []),
+        ]
+        for name, options in handlers:
+            lines += ["", f"@sqsworker.handler({options})", f"def {name}(message):", "    pass"]
+        (tmp_path / f"{module}.py").write_text("\n".join(lines) + "\n")
     (tmp_path / "plainapp.py").write_text("def process(message):\n    pass\n")
     (tmp_path / "brokenapp.py").write_text("import a_dependency_that_is_missing\n")
     (tmp_path / "raisingapp.py").write_text("raise RuntimeError('bad settings')\n")
