@@ -25,9 +25,10 @@ the output exactly once.
 from __future__ import annotations
 
 import base64
+import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +53,7 @@ from sqsworker.clock import SystemClock
 from sqsworker.errors import SQSWorkerError
 from sqsworker.lease import Held, LeaseKeeper
 from sqsworker.logs import LogObserver
+from sqsworker.message import Message
 from sqsworker.transports import MAX_BATCH, Envelope, QueueInfo
 from sqsworker.transports.sqs import SQSTransport
 
@@ -71,10 +73,12 @@ SCHEMA = StructType(
         StructField("deduplication_id", StringType(), True),
     ]
 )
-WATCH_EVERY = 0.5  # seconds between the driver's looks for new log files
+WATCH_EVERY = 0.5  # seconds between the driver's looks for new log files, when none is due
+WATCH_DUE = 0.02  # ... while a planned partition's file is not there yet
+LEASE_SENDERS = 8  # renewals and deletes the driver has under way at once, at most
 IDLE_WAIT = 1.0  # seconds latestOffset waits when the queue shows nothing (no busy polling)
 DELETE_TIMEOUT = 60.0  # seconds a commit waits for SQS to answer its deletes
-RECEIVE_SHARE = 3  # receiving stops after 1/3 of the visibility timeout
+RECEIVE_SHARE = 3  # receiving stops 1/3 of the visibility timeout after it began
 log = structlog.get_logger("spark_sink")
 
 
@@ -165,18 +169,21 @@ class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.available_now = True
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[SQSPartition]:
-        self.driver().planned = max(self.driver().planned, end["seq"])
+        driver = self.driver()
+        driver.planned = max(driver.planned, end["seq"])
         shares = [
             self.options.max_messages_per_batch // self.options.num_partitions
             + (1 if i < self.options.max_messages_per_batch % self.options.num_partitions else 0)
             for i in range(self.options.num_partitions)
         ]
-        return [
+        planned = [
             SQSPartition(seq, index, share, self.options, self.info)
             for seq in range(start["seq"] + 1, end["seq"] + 1)
             for index, share in enumerate(shares)
             if share > 0
         ]
+        driver.expect((p.seq, p.index) for p in planned)
+        return planned
 
     def commit(self, end: dict[str, int]) -> None:
         self.driver().commit_through(end["seq"])
@@ -206,19 +213,31 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
     )
     try:
         received: list[Envelope] = []
+        # When the first receive that returned messages began (SQS's countdown of each
+        # message starts later): the driver dates every lease of the slot from it.
+        received_at: float | None = None
+        stop_at = math.inf
         wait = options.wait_time_seconds
-        # The driver keeps leases alive only once the log has them: stop receiving well
-        # before the first message's visibility could lapse.
-        deadline = time.monotonic() + wait + options.visibility_timeout / RECEIVE_SHARE
-        while len(received) < partition.budget and time.monotonic() < deadline:
+        while len(received) < partition.budget and time.monotonic() < stop_at:
+            began, began_wall = time.monotonic(), time.time()
             got = transport.receive(
                 min(MAX_BATCH, partition.budget - len(received)), wait, options.visibility_timeout
             )
             if not got:
                 break
+            if received_at is None:
+                received_at = began_wall
+                # The driver keeps the leases alive only once the log has them: stop
+                # receiving well before the first lease could run out.
+                stop_at = began + options.visibility_timeout / RECEIVE_SHARE
             received += got
             wait = 0  # long-poll for the first messages only
-        ours = Slot(partition.seq, partition.index, time.time(), tuple(received))
+        ours = Slot(
+            partition.seq,
+            partition.index,
+            time.time() if received_at is None else received_at,
+            tuple(received),
+        )
         recorded = wal.write(ours)
         if recorded is not ours and received:  # another attempt recorded this slot first
             for start in range(0, len(received), MAX_BATCH):
@@ -263,34 +282,52 @@ class _Driver:
             info, endpoint_url=options.endpoint_url, region=options.region
         )
         self.clock = SystemClock()
-        self.keeper = LeaseKeeper(self.transport, self.clock, LogObserver("spark_sink"))
+        # Renewals due together, and a commit's deletes, go out LEASE_SENDERS at a time.
+        self.keeper = LeaseKeeper(
+            self.transport, self.clock, _SourceLog("spark_sink"), senders=LEASE_SENDERS
+        )
         self.keeper.start()
         self.wal = WriteAheadLog(options.wal_path)
         self.planned = 0
-        # guards _held, _seen and _committed across a whole adopt or commit, so a slot is
-        # never adopted into a batch that a commit already took
+        # guards _held, _seen, _due and _committed across a whole adopt or commit, so a
+        # slot is never adopted into a batch that a commit already took
         self._lock = threading.RLock()
         self._held: dict[int, list[Held]] = {}  # seq -> its messages, leases kept
         self._seen: set[tuple[int, int]] = set()  # (seq, partition) slots handed to the keeper
+        self._due: set[tuple[int, int]] = set()  # slots planned whose file is not seen yet
         self._committed = 0
-        self._closing = threading.Event()
+        self._closing = False
+        self._nudge = threading.Event()  # a slot was planned, or close() was called
         self._watcher = threading.Thread(target=self._watch, name="spark-sink-wal", daemon=True)
         self._watcher.start()
 
     def visible(self) -> int:
         return self.transport.counts().visible
 
+    def expect(self, slots: Iterable[tuple[int, int]]) -> None:
+        """Partitions planned: look for their files often until each is there."""
+        with self._lock:
+            self._due.update(key for key in slots if key not in self._seen)
+        self._nudge.set()
+
     def _watch(self) -> None:
-        while not self._closing.wait(WATCH_EVERY):
+        # Each file is adopted within WATCH_DUE of being written, while its partition
+        # runs: the executor dated its leases from its first receive, and they are due
+        # for renewal half a visibility timeout from then.
+        while not self._closing:
             self.adopt()
+            self._nudge.wait(WATCH_DUE if self._due else WATCH_EVERY)
+            self._nudge.clear()
 
     def adopt(self) -> None:
         """Keep alive the leases of every logged slot not yet known."""
         with self._lock:
-            for slot in self.wal.slots():
-                if (slot.seq, slot.partition) in self._seen or slot.seq <= self._committed:
+            for slot in self.wal.slots(skip=self._seen):
+                key = (slot.seq, slot.partition)
+                self._due.discard(key)
+                if slot.seq <= self._committed:
                     continue
-                self._seen.add((slot.seq, slot.partition))
+                self._seen.add(key)
                 # The keeper counts on its monotonic clock; the log says when, on the wall's.
                 received_at = self.clock.monotonic() - (self.clock.time() - slot.received_at)
                 held = self.keeper.add(slot.messages, received_at, self.options.visibility_timeout)
@@ -304,6 +341,7 @@ class _Driver:
             self.adopt()  # a slot written since the last look is committed too
             batches = [self._held.pop(s) for s in list(self._held) if s <= seq]
             self._seen = {key for key in self._seen if key[0] > seq}
+            self._due = {key for key in self._due if key[0] > seq}
             self._committed = seq
             self.wal.drop_through(seq)
         # Deleted before returning: when the query ends here, this process ends with it.
@@ -312,11 +350,34 @@ class _Driver:
             log.warning(
                 "deletes of committed messages still unanswered; they may be delivered again",
                 count=unsent,
-                batch=seq,
+                batch_id=seq - 1,
             )
 
     def close(self) -> None:
-        self._closing.set()
+        self._closing = True
+        self._nudge.set()
         self._watcher.join()
         self.keeper.stop(give_up_after=10)
         self.transport.close()
+
+
+class _SourceLog(LogObserver):
+    """The worker's log lines, said as they apply to a batch: at least once, then
+    ``write_once`` (or any sink keyed by message id) drops what comes twice."""
+
+    def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
+        if will_retry:
+            super().delete_failed(message, reason, will_retry)
+            return
+        self._for(message).warning(
+            "delete of a committed message not confirmed: it may not have been deleted; "
+            "if it is delivered again, write_once drops it",
+            reason=reason,
+        )
+
+    def lease_lost(self, message: Message, reason: str) -> None:
+        self._for(message).warning(
+            "lease lost before its batch committed: another consumer may receive it; "
+            "raise visibilityTimeout above the time a batch takes",
+            reason=reason,
+        )

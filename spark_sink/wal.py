@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,11 +96,14 @@ class WriteAheadLog:
             aside.unlink()
         return slot
 
-    def slots(self) -> list[Slot]:
-        """Every slot on disk: the batches not yet committed."""
+    def slots(self, skip: Container[tuple[int, int]] = ()) -> list[Slot]:
+        """Every slot on disk (the batches not yet committed), but those ``skip`` names
+        by ``(seq, partition)``: those files are not read."""
         found = []
         for folder in sorted(self.root.glob("[0-9]" * 12)):
-            for path in sorted(folder.glob("part-*.json")):
+            for path in sorted(folder.glob("part-[0-9]*.json")):
+                if (int(folder.name), int(path.stem.removeprefix("part-"))) in skip:
+                    continue
                 try:
                     found.append(Slot.loads(path.read_text()))
                 except FileNotFoundError:  # its batch was committed meanwhile

@@ -15,6 +15,7 @@ from spark_sink import read_output, write_once
 from sqsworker.local import LocalSQS
 from sqsworker.transports import Transport, send_all
 
+from ..faults.proxy import FaultProxy
 from .conftest import files, make_queue
 
 pytestmark = pytest.mark.spark
@@ -92,27 +93,53 @@ def test_a_failed_query_restarted_from_its_checkpoint_loses_and_repeats_nothing(
     assert queue.counts().total == 0
 
 
-def test_a_batch_slower_than_the_visibility_timeout_keeps_its_messages(
+def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
     spark: SparkSession, aws: LocalSQS, tmp_path: Path
 ) -> None:
+    """One partition, 20 ms a request, a 2 s visibility timeout, 6 s batches.
+
+    A partition receives for up to 2/3 s, so the first leases are a third through
+    before the log has them; the driver must date them from the first receive, adopt
+    them at once and renew a few hundred together. (Before, another consumer received
+    210 of 600 here while their batch ran.)
+    """
     queue = make_queue(aws, "orders")
-    send_all(queue, [f'{{"order": {i}}}' for i in range(20)])
-    other = queue.open(queue.info.url)
-    stolen: list[str] = []
-    checks: list[int] = []
+    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(200)])
+    other = queue.open(queue.info.url)  # straight to the server: it polls without latency
+    read: set[str] = set()  # the ids of every batch the query has read so far
+    stolen: list[str] = []  # of them, those the other consumer received
+    write = write_once(str(tmp_path / "out"))
 
     def slow(batch: DataFrame, batch_id: int) -> None:
-        count = batch.count()
+        read.update(r.message_id for r in batch.select("message_id").collect())
         tick = threading.Event()
-        for _ in range(6):  # 6 s: three times the 2 s visibility timeout
-            tick.wait(1)
-            stolen.extend(m.body for m in other.receive(10, 0, 30))
-            checks.append(count)
-        write_once(str(tmp_path / "out"))(batch, batch_id)
+        for _ in range(12):  # 6 s: three times the visibility timeout
+            tick.wait(0.5)
+            got = other.receive(10, 0, 30)
+            stolen.extend(m.message_id for m in got if m.message_id in read)
+            if got:  # what the query has not received yet goes back for it to receive
+                other.change_visibility_batch(
+                    [(str(i), m.receipt_handle, 0) for i, m in enumerate(got)]
+                )
+        write(batch, batch_id)
 
-    run(spark, queue, tmp_path, slow, visibilityTimeout="2")
-    assert checks and stolen == []  # another consumer saw nothing while the batch ran
-    assert len(output_ids(spark, tmp_path / "out")) == 20
+    proxy = FaultProxy(aws.endpoint_url).start()
+    proxy.set(latency=0.02)
+    try:
+        run(
+            spark,
+            queue,
+            tmp_path,
+            slow,
+            endpointUrl=proxy.url,
+            numPartitions="1",
+            visibilityTimeout="2",
+            waitTimeSeconds="1",
+        )
+    finally:
+        proxy.stop()
+    assert stolen == []  # another consumer saw none of them while their batch ran
+    assert sorted(output_ids(spark, tmp_path / "out")) == sorted(sent)
     assert queue.counts().total == 0
 
 

@@ -1,4 +1,4 @@
-"""The write-ahead log and the options: no Spark needed."""
+"""The write-ahead log, the options and the driver's log lines: no Spark needed."""
 
 from __future__ import annotations
 
@@ -6,10 +6,15 @@ import threading
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from spark_sink.options import SourceOptions, SQSOptionError
+from spark_sink.source import _SourceLog
 from spark_sink.wal import Slot, WriteAheadLog
+from sqsworker.clock import FakeClock
+from sqsworker.lease import LeaseKeeper
 from sqsworker.transports import Envelope
+from sqsworker.transports.memory import MemorySQS
 
 
 def slot(seq: int, partition: int, *ids: str) -> Slot:
@@ -54,6 +59,14 @@ def test_committed_batches_are_forgotten(tmp_path: Path) -> None:
     assert [(s.seq, s.partition) for s in wal.slots()] == [(3, 0)]
 
 
+def test_the_driver_reads_only_the_slots_it_does_not_know(tmp_path: Path) -> None:
+    wal = WriteAheadLog(str(tmp_path))
+    for seq, partition in [(1, 0), (1, 1), (2, 0)]:
+        wal.write(slot(seq, partition, f"m{seq}-{partition}"))
+    wal.path(1, 0).write_text("not read")  # a known slot's file is not parsed again
+    assert [(s.seq, s.partition) for s in wal.slots(skip={(1, 0)})] == [(1, 1), (2, 0)]
+
+
 @pytest.mark.parametrize(
     ("options", "sentence"),
     [
@@ -73,3 +86,16 @@ def test_options_name_what_is_wrong(options: dict[str, str], sentence: str) -> N
 def test_options_ignore_case_as_spark_does() -> None:
     parsed = SourceOptions.parse({"QUEUE": "q", "walpath": "/w", "NUMPARTITIONS": "3"})
     assert (parsed.queue, parsed.wal_path, parsed.num_partitions) == ("q", "/w", 3)
+
+
+def test_a_delete_not_confirmed_says_what_is_known_at_warning_level() -> None:
+    memory = MemorySQS()
+    memory.create_queue("orders")
+    keeper = LeaseKeeper(memory.transport("orders"), FakeClock(), _SourceLog("spark_sink"))
+    [held] = keeper.add(slot(1, 0, "m").messages, 0.0, 30)
+    with capture_logs() as logs:
+        _SourceLog("spark_sink").delete_failed(held.message, "receipt handle lost", False)
+    [line] = logs
+    assert line["log_level"] == "warning"  # SQS may well have deleted it: not an error
+    assert line["event"].startswith("delete of a committed message not confirmed")
+    assert "write_once drops it" in line["event"]
