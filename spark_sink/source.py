@@ -6,16 +6,19 @@ How one batch goes (offsets are ``{"seq": n}``, n the batch's slot in the log):
    batch is the next slot. Every batch up to the start offset is committed
    first (Spark asks only after that batch is in its commit log).
 2. Executors, ``read``: each partition receives up to its share of
-   ``maxMessagesPerBatch``, writes what it received to the write-ahead log
-   (``wal.py``), and only then returns rows. A replayed partition returns the
-   log's rows and receives nothing.
-3. Driver, all along: a watcher thread finds new log files and hands their
-   messages to a ``LeaseKeeper`` (the worker's lease thread), which keeps each
-   one invisible, in batched ``ChangeMessageVisibilityBatch`` calls, within the
-   12-hour cap, logging any lease it loses.
+   ``maxMessagesPerBatch`` (for a third of the visibility timeout at most),
+   writes what it received to the write-ahead log (``wal.py``) with when its
+   first receive began, and only then returns rows. A replayed partition
+   returns the log's rows and receives nothing.
+3. Driver, all along: a watcher thread finds each planned partition's log file
+   within ``WATCH_DUE`` and hands its messages to a ``LeaseKeeper`` (the worker's
+   lease thread), leases dated from that first receive. It keeps each message
+   invisible, in batched ``ChangeMessageVisibilityBatch`` calls, several at
+   once, within the 12-hour cap, logging any lease it loses.
 4. Driver, ``commit`` (or the next ``latestOffset``): the batch's messages are
-   deleted with ``DeleteMessageBatch`` (per-entry failures retried, lost
-   handles logged) and its log folder removed.
+   deleted with ``DeleteMessageBatch``, several calls at once (per-entry
+   failures retried, lost handles logged); once SQS answered, its log folder is
+   removed.
 
 A failure anywhere before 4 leaves the messages in the queue (or in the log,
 for a replay): delivery is at least once. ``write_once`` (``output.py``) makes
@@ -334,16 +337,14 @@ class _Driver:
                 self._held.setdefault(slot.seq, []).extend(held)
 
     def commit_through(self, seq: int) -> None:
-        """Delete every message of every batch up to ``seq``; forget their log."""
+        """Delete every message of every batch up to ``seq``, then forget their log."""
         with self._lock:
             if seq <= self._committed:
                 return
             self.adopt()  # a slot written since the last look is committed too
             batches = [self._held.pop(s) for s in list(self._held) if s <= seq]
-            self._seen = {key for key in self._seen if key[0] > seq}
             self._due = {key for key in self._due if key[0] > seq}
             self._committed = seq
-            self.wal.drop_through(seq)
         # Deleted before returning: when the query ends here, this process ends with it.
         unsent = self.keeper.delete_now([h for held in batches for h in held], DELETE_TIMEOUT)
         if unsent:
@@ -352,6 +353,10 @@ class _Driver:
                 count=unsent,
                 batch_id=seq - 1,
             )
+        # The log goes once SQS answered: a driver restarted before then deletes from it.
+        with self._lock:
+            self.wal.drop_through(seq)
+            self._seen = {key for key in self._seen if key[0] > seq}
 
     def close(self) -> None:
         self._closing = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,13 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_sink import read_output, write_once
+from spark_sink.options import SourceOptions
+from spark_sink.source import _Driver
+from spark_sink.wal import Slot, WriteAheadLog
 from sqsworker.local import LocalSQS
 from sqsworker.transports import Transport, send_all
 
+from ..conftest import wait_until
 from ..faults.proxy import FaultProxy
 from .conftest import files, make_queue
 
@@ -141,6 +146,35 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
     assert stolen == []  # another consumer saw none of them while their batch ran
     assert sorted(output_ids(spark, tmp_path / "out")) == sorted(sent)
     assert queue.counts().total == 0
+
+
+def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
+    aws: LocalSQS, tmp_path: Path
+) -> None:
+    # As a restarted driver finds it: Spark committed batch 0 (seq 1), the log still
+    # holds its slot. Its deletes are held up on the way: the log stays until answered.
+    queue = make_queue(aws, "orders")
+    send_all(queue, [f'{{"order": {i}}}' for i in range(10)])
+    WriteAheadLog(str(tmp_path / "wal")).write(
+        Slot(1, 0, time.time(), tuple(queue.receive(10, 0, 30)))
+    )
+    proxy = FaultProxy(aws.endpoint_url).start()
+    options = SourceOptions.parse(
+        {"queue": queue.info.url, "walPath": str(tmp_path / "wal"), "endpointUrl": proxy.url}
+    )
+    driver = _Driver(options, queue.info)
+    try:
+        proxy.set(stall=1.0, stall_seconds=1.5)
+        committing = threading.Thread(target=driver.commit_through, args=(1,))
+        committing.start()
+        wait_until(lambda: proxy.injected["stall"] > 0, what="a delete under way")
+        assert files(tmp_path / "wal") == ["000000000001/part-00000.json"]
+        committing.join()
+    finally:
+        driver.close()
+        proxy.stop()
+    assert queue.counts().total == 0
+    assert files(tmp_path / "wal") == []
 
 
 @pytest.mark.parametrize(
