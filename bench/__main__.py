@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.common import Finish
-from bench.spark import source_throughput
+from bench.spark import print_runs, source_throughput
 from sqsworker import Message, Worker, WorkerConfig
 from sqsworker.events import Observer, Observers, Tally
 from sqsworker.local import LocalSQS
@@ -307,15 +307,9 @@ def main() -> None:
     if spark_runs:
         print(
             f"\nspark_sink source (moto server, local[2], {args.spark_messages} msgs, "
-            "maxMessagesPerBatch 200, runs alternating):"
+            "maxMessagesPerBatch 200, runs alternating; at 20 ms a request: python -m bench.spark):"
         )
-        print(f"  {'numPartitions':>13}{'msg/s':>9}{'batches':>9}{'req/msg':>9}  requests")
-        for run in spark_runs:
-            requests = ", ".join(f"{k} {v}" for k, v in sorted(run.requests.items()))
-            print(
-                f"  {run.partitions:>13}{run.rate:>9.1f}{run.batches:>9}"
-                f"{run.requests_per_message:>9.3f}  {requests}"
-            )
+        print_runs(spark_runs)
     print(f"\npeak RSS of the benchmark process: {peak_mb:.0f} MB")
     print(
         "req/msg busy: receives that returned messages + deletes + renewals, per message "

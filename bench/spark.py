@@ -1,11 +1,15 @@
 """The sqs source's micro-batch throughput and SQS requests per message.
 
+    .venv/bin/python -m bench.spark [--messages 2000] [--latency 0.02] [--rounds 2]
+
 Requests are counted at moto's server, in this process, so those of the Spark
-driver and of every executor are counted alike.
+driver and of every executor are counted alike; ``--latency`` seconds are added
+to each one there (real SQS answers in about 20 ms in-region).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -30,6 +34,11 @@ class SourceRun:
     seconds: float
     batches: int
     requests: Counter[str]
+    # Spark's own timing of the query's triggers, summed, in seconds: "latestOffset"
+    # (the source's commit of the batch before, then a look at the queue), "addBatch"
+    # (the executors' receives and the sink), the triggers' "other" steps (Spark's
+    # offset and commit logs, planning), and the query's "start" before its first
+    phases: dict[str, float]
 
     @property
     def rate(self) -> float:
@@ -41,8 +50,9 @@ class SourceRun:
 
 
 @contextmanager
-def counted_requests() -> Iterator[Counter[str]]:
-    """Count every request moto's server answers, by SQS action, while inside."""
+def counted_requests(latency: float = 0.0) -> Iterator[Counter[str]]:
+    """Count every request moto's server answers, by SQS action, while inside, each
+    answered ``latency`` seconds late (the server serves each request on a thread)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 
     counts: Counter[str] = Counter()
@@ -56,6 +66,8 @@ def counted_requests() -> Iterator[Counter[str]]:
             action = parse_qs(environ.get("QUERY_STRING", "")).get("Action", ["other"])[0]
         with lock:
             counts[action] += 1
+        if latency:
+            time.sleep(latency)
         return original(self, environ, start_response)
 
     DomainDispatcherApplication.__call__ = counting  # type: ignore[method-assign]
@@ -65,15 +77,22 @@ def counted_requests() -> Iterator[Counter[str]]:
         DomainDispatcherApplication.__call__ = original  # type: ignore[method-assign]
 
 
-def source_throughput(messages: int, rounds: int) -> list[SourceRun]:
-    """Drain ``messages`` with numPartitions 1 and 2, alternating, ``rounds`` times each."""
+def source_throughput(
+    messages: int, rounds: int, latency: float = 0.0, per_batch: int = 200
+) -> list[SourceRun]:
+    """Drain ``messages`` with numPartitions 1 and 2, alternating, ``rounds`` times each,
+    at most ``per_batch`` a micro-batch."""
     from pyspark.sql import SparkSession
 
     from spark_sink import SQSDataSource
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     runs = []
-    with counted_requests() as counts, LocalSQS() as sqs, tempfile.TemporaryDirectory() as tmp:
+    with (
+        counted_requests(latency) as counts,
+        LocalSQS() as sqs,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         os.environ.update(sqs.env())
         spark = (
             SparkSession.builder.master("local[2]")
@@ -97,7 +116,7 @@ def source_throughput(messages: int, rounds: int) -> list[SourceRun]:
                 .option("queue", name)
                 .option("walPath", f"{tmp}/{name}/wal")
                 .option("numPartitions", str(partitions))
-                .option("maxMessagesPerBatch", "200")
+                .option("maxMessagesPerBatch", str(per_batch))
                 .option("waitTimeSeconds", "0")
                 .load()
                 .writeStream.format("noop")
@@ -110,7 +129,57 @@ def source_throughput(messages: int, rounds: int) -> list[SourceRun]:
             assert queue.counts().total == 0, "the source left messages behind"
             read = sum(p["numInputRows"] for p in query.recentProgress)
             batches = sum(1 for p in query.recentProgress if p["numInputRows"])
-            runs.append(SourceRun(partitions, read, seconds, batches, counts - before))
+            phases: Counter[str] = Counter()
+            for progress in query.recentProgress:
+                durations = progress["durationMs"]
+                phases["latestOffset"] += durations.get("latestOffset", 0) / 1000
+                phases["addBatch"] += durations.get("addBatch", 0) / 1000
+                phases["triggers"] += durations.get("triggerExecution", 0) / 1000
+            phases["start"] = seconds - phases["triggers"]  # the query's, before its first
+            phases["other"] = phases["triggers"] - phases["latestOffset"] - phases["addBatch"]
+            runs.append(
+                SourceRun(partitions, read, seconds, batches, counts - before, dict(phases))
+            )
             queue.close()
         spark.stop()
     return runs
+
+
+def print_runs(runs: list[SourceRun]) -> None:
+    print(
+        f"  {'numPartitions':>13}{'msg/s':>9}{'batches':>9}{'req/msg':>9}"
+        f"{'start s':>9}{'commit+look s':>15}{'read+sink s':>13}{'other s':>9}  requests"
+    )
+    for run in runs:
+        requests = ", ".join(f"{k} {v}" for k, v in sorted(run.requests.items()))
+        print(
+            f"  {run.partitions:>13}{run.rate:>9.1f}{run.batches:>9}"
+            f"{run.requests_per_message:>9.3f}{run.phases['start']:>9.2f}"
+            f"{run.phases['latestOffset']:>15.2f}"
+            f"{run.phases['addBatch']:>13.2f}{run.phases['other']:>9.2f}  {requests}"
+        )
+    for partitions in (1, 2):
+        # The first run warms the session up: it is left out of the mean.
+        rates = [r.rate for r in runs[2:] if r.partitions == partitions] or [
+            r.rate for r in runs if r.partitions == partitions
+        ]
+        print(f"  numPartitions {partitions}: {sum(rates) / len(rates):.1f} msg/s (mean)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each numPartitions")
+    parser.add_argument("--latency", type=float, default=0.02, help="seconds added a request")
+    parser.add_argument("--per-batch", type=int, default=1000, help="maxMessagesPerBatch")
+    args = parser.parse_args()
+    runs = source_throughput(args.messages, args.rounds, args.latency, args.per_batch)
+    print(
+        f"spark_sink source (moto server + {args.latency * 1000:.0f} ms a request, local[2], "
+        f"{args.messages} msgs, maxMessagesPerBatch {args.per_batch}, runs alternating):"
+    )
+    print_runs(runs)
+
+
+if __name__ == "__main__":
+    main()
