@@ -33,6 +33,16 @@ class SourceOptions:
             "a folder on storage the driver and the executors share, one per query",
             "/mnt/shared/orders-query/wal",
         )
+        visibility = _int(given, "visibilityTimeout", 120, 1, MAX_VISIBILITY)
+        wait = _int(given, "waitTimeSeconds", 1, 0, MAX_WAIT_TIME)
+        if wait * 6 > visibility:
+            # A lease counts from when its receive began, and a first receive waits up to
+            # waitTimeSeconds: the driver renews at half the timeout, and needs a sixth.
+            raise SQSOptionError(
+                f"the sqs option 'waitTimeSeconds' ({wait}) must be at most a sixth of "
+                f"'visibilityTimeout' ({visibility}), or a receive's wait uses up the "
+                f"lease: use waitTimeSeconds {visibility // 6} or a longer visibilityTimeout"
+            )
         return cls(
             queue=queue,
             wal_path=wal_path,
@@ -40,8 +50,8 @@ class SourceOptions:
             endpoint_url=given.get("endpointurl") or None,
             max_messages_per_batch=_int(given, "maxMessagesPerBatch", 1000, 1, 1_000_000),
             num_partitions=_int(given, "numPartitions", 2, 1, 1000),
-            visibility_timeout=_int(given, "visibilityTimeout", 120, 1, MAX_VISIBILITY),
-            wait_time_seconds=_int(given, "waitTimeSeconds", 1, 0, MAX_WAIT_TIME),
+            visibility_timeout=visibility,
+            wait_time_seconds=wait,
         )
 
 

@@ -78,6 +78,7 @@ SCHEMA = StructType(
 )
 WATCH_EVERY = 0.5  # seconds between the driver's looks for new log files, when none is due
 WATCH_DUE = 0.02  # ... while a planned partition's file is not there yet
+DUE_FOR = 120.0  # seconds a planned file is looked for that often; then every WATCH_EVERY
 LEASE_SENDERS = 8  # renewals and deletes the driver has under way at once, at most
 IDLE_WAIT = 1.0  # seconds latestOffset waits when the queue shows nothing (no busy polling)
 DELETE_TIMEOUT = 60.0  # seconds a commit waits for SQS to answer its deletes
@@ -297,7 +298,9 @@ class _Driver:
         self._lock = threading.RLock()
         self._held: dict[int, list[Held]] = {}  # seq -> its messages, leases kept
         self._seen: set[tuple[int, int]] = set()  # (seq, partition) slots handed to the keeper
-        self._due: set[tuple[int, int]] = set()  # slots planned whose file is not seen yet
+        # slots planned whose file is not seen yet -> until when to look for it often (a
+        # task that never writes its file, a query that failed, is given up on then)
+        self._due: dict[tuple[int, int], float] = {}
         self._committed = 0
         self._closing = False
         self._nudge = threading.Event()  # a slot was planned, or close() was called
@@ -309,8 +312,9 @@ class _Driver:
 
     def expect(self, slots: Iterable[tuple[int, int]]) -> None:
         """Partitions planned: look for their files often until each is there."""
+        until = time.monotonic() + max(DUE_FOR, 2 * self.options.visibility_timeout)
         with self._lock:
-            self._due.update(key for key in slots if key not in self._seen)
+            self._due.update((key, until) for key in slots if key not in self._seen)
         self._nudge.set()
 
     def _watch(self) -> None:
@@ -318,8 +322,15 @@ class _Driver:
         # runs: the executor dated its leases from its first receive, and they are due
         # for renewal half a visibility timeout from then.
         while not self._closing:
-            self.adopt()
-            self._nudge.wait(WATCH_DUE if self._due else WATCH_EVERY)
+            try:
+                self.adopt()
+            except Exception:  # an unreadable log, a storage error: look again, and say so
+                log.exception("reading the write-ahead log failed; looking again")
+            with self._lock:
+                now = time.monotonic()
+                self._due = {key: until for key, until in self._due.items() if until > now}
+                due = bool(self._due)
+            self._nudge.wait(WATCH_DUE if due else WATCH_EVERY)
             self._nudge.clear()
 
     def adopt(self) -> None:
@@ -327,7 +338,7 @@ class _Driver:
         with self._lock:
             for slot in self.wal.slots(skip=self._seen):
                 key = (slot.seq, slot.partition)
-                self._due.discard(key)
+                self._due.pop(key, None)
                 if slot.seq <= self._committed:
                     continue
                 self._seen.add(key)
@@ -343,7 +354,7 @@ class _Driver:
                 return
             self.adopt()  # a slot written since the last look is committed too
             batches = [self._held.pop(s) for s in list(self._held) if s <= seq]
-            self._due = {key for key in self._due if key[0] > seq}
+            self._due = {key: until for key, until in self._due.items() if key[0] > seq}
             self._committed = seq
         # Deleted before returning: when the query ends here, this process ends with it.
         unsent = self.keeper.delete_now([h for held in batches for h in held], DELETE_TIMEOUT)
@@ -367,22 +378,29 @@ class _Driver:
 
 
 class _SourceLog(LogObserver):
-    """The worker's log lines, said as they apply to a batch: at least once, then
-    ``write_once`` (or any sink keyed by message id) drops what comes twice."""
+    """The worker's log lines, said as they apply to a batch: delivery is at least once,
+    and ``write_once`` (or any sink keyed by message id) drops what comes twice."""
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         if will_retry:
             super().delete_failed(message, reason, will_retry)
             return
-        self._for(message).warning(
-            "delete of a committed message not confirmed: it may not have been deleted; "
-            "if it is delivered again, write_once drops it",
+        if isinstance(message.lease, Held) and message.lease.disowned:
+            # Some servers delete on a stale receipt handle, some do not.
+            self._for(message).warning(
+                "delete of a committed message not confirmed: its lease was lost, so it "
+                "may not have been deleted; if it comes again, write_once drops it",
+                reason=reason,
+            )
+            return
+        self._for(message).error(
+            "delete of a committed message failed: SQS will deliver it again; write_once drops it",
             reason=reason,
         )
 
     def lease_lost(self, message: Message, reason: str) -> None:
         self._for(message).warning(
-            "lease lost before its batch committed: another consumer may receive it; "
-            "raise visibilityTimeout above the time a batch takes",
+            "lease lost: another consumer may receive this message; if it comes again, "
+            "write_once drops it",
             reason=reason,
         )

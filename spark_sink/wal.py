@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from sqsworker.transports import Envelope
+
+log = structlog.get_logger("spark_sink")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Slot:
 class WriteAheadLog:
     def __init__(self, root: str) -> None:
         self.root = Path(root)
+        self._unreadable: set[Path] = set()  # reported once each
 
     def path(self, seq: int, partition: int) -> Path:
         return self.root / f"{seq:012d}" / f"part-{partition:05d}.json"
@@ -101,13 +106,23 @@ class WriteAheadLog:
         by ``(seq, partition)``: those files are not read."""
         found = []
         for folder in sorted(self.root.glob("[0-9]" * 12)):
-            for path in sorted(folder.glob("part-[0-9]*.json")):
-                if (int(folder.name), int(path.stem.removeprefix("part-"))) in skip:
-                    continue
+            for path in sorted(folder.glob("part-*.json")):
+                number = path.stem.removeprefix("part-")
+                if not number.isdigit() or (int(folder.name), int(number)) in skip:
+                    continue  # not a slot's file, or one already known
                 try:
                     found.append(Slot.loads(path.read_text()))
                 except FileNotFoundError:  # its batch was committed meanwhile
                     continue
+                except (ValueError, KeyError, TypeError) as exc:  # not what write() wrote
+                    if path not in self._unreadable:
+                        self._unreadable.add(path)
+                        log.error(
+                            "a write-ahead log file cannot be read; its messages' leases "
+                            "are not kept, and a replay of its batch fails",
+                            path=str(path),
+                            error=f"{type(exc).__name__}: {exc}",
+                        )
         return found
 
     def drop_through(self, seq: int) -> None:

@@ -12,7 +12,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_sink import read_output, write_once
+from spark_sink import read_output, source, write_once
 from spark_sink.options import SourceOptions
 from spark_sink.source import _Driver
 from spark_sink.wal import Slot, WriteAheadLog
@@ -101,12 +101,12 @@ def test_a_failed_query_restarted_from_its_checkpoint_loses_and_repeats_nothing(
 def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
     spark: SparkSession, aws: LocalSQS, tmp_path: Path
 ) -> None:
-    """One partition, 20 ms a request, a 2 s visibility timeout, 6 s batches.
+    """20 ms a request, a 2 s visibility timeout, 6 s batches, two partitions.
 
     A partition receives for up to 2/3 s, so the first leases are a third through
     before the log has them; the driver must date them from the first receive, adopt
-    them at once and renew a few hundred together. (Before, another consumer received
-    210 of 600 here while their batch ran.)
+    them at once and renew a few hundred together. (Before, in a run like this with
+    waitTimeSeconds 1, now refused with this timeout, another consumer received 10.)
     """
     queue = make_queue(aws, "orders")
     sent = send_all(queue, [f'{{"order": {i}}}' for i in range(200)])
@@ -118,8 +118,8 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
     def slow(batch: DataFrame, batch_id: int) -> None:
         read.update(r.message_id for r in batch.select("message_id").collect())
         tick = threading.Event()
-        for _ in range(12):  # 6 s: three times the visibility timeout
-            tick.wait(0.5)
+        for _ in range(60):  # 6 s: three times the visibility timeout
+            tick.wait(0.1)
             got = other.receive(10, 0, 30)
             stolen.extend(m.message_id for m in got if m.message_id in read)
             if got:  # what the query has not received yet goes back for it to receive
@@ -137,9 +137,8 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
             tmp_path,
             slow,
             endpointUrl=proxy.url,
-            numPartitions="1",
+            numPartitions="2",
             visibilityTimeout="2",
-            waitTimeSeconds="1",
         )
     finally:
         proxy.stop()
@@ -175,6 +174,32 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
         proxy.stop()
     assert queue.counts().total == 0
     assert files(tmp_path / "wal") == []
+
+
+def test_the_driver_stops_looking_often_for_a_file_never_written(
+    aws: LocalSQS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A task that dies before writing its slot, a query that fails: the watcher looks
+    # every WATCH_DUE only for a while, then every WATCH_EVERY.
+    monkeypatch.setattr(source, "DUE_FOR", 0.0)  # the while: twice the visibility timeout
+    queue = make_queue(aws, "orders")
+    options = SourceOptions.parse(
+        {
+            "queue": queue.info.url,
+            "walPath": str(tmp_path / "wal"),
+            "visibilityTimeout": "1",
+            "waitTimeSeconds": "0",
+        }
+    )
+    driver = _Driver(options, queue.info)
+    try:
+        driver.expect([(1, 0)])
+        assert driver._due
+        wait_until(lambda: not driver._due, what="the planned slot given up on")
+        driver.wal.write(Slot(1, 0, time.time(), ()))
+        wait_until(lambda: (1, 0) in driver._seen, what="a late file still adopted")
+    finally:
+        driver.close()
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,21 @@ def test_committed_batches_are_forgotten(tmp_path: Path) -> None:
     assert [(s.seq, s.partition) for s in wal.slots()] == [(3, 0)]
 
 
+def test_a_file_that_cannot_be_read_is_reported_once_and_the_others_are_read(
+    tmp_path: Path,
+) -> None:
+    wal = WriteAheadLog(str(tmp_path))
+    wal.write(slot(2, 0, "m"))
+    (tmp_path / "000000000001").mkdir()
+    (tmp_path / "000000000001" / "part-00000.json").write_text("{not json")
+    (tmp_path / "000000000001" / "part-0a.json").write_text("not a slot's name")
+    with capture_logs() as logs:
+        assert [(s.seq, s.partition) for s in wal.slots()] == [(2, 0)]
+        assert [(s.seq, s.partition) for s in wal.slots()] == [(2, 0)]
+    [line] = logs
+    assert line["log_level"] == "error" and line["path"].endswith("part-00000.json")
+
+
 def test_the_driver_reads_only_the_slots_it_does_not_know(tmp_path: Path) -> None:
     wal = WriteAheadLog(str(tmp_path))
     for seq, partition in [(1, 0), (1, 1), (2, 0)]:
@@ -76,6 +91,10 @@ def test_the_driver_reads_only_the_slots_it_does_not_know(tmp_path: Path) -> Non
             "'numPartitions' must be from 1 to 1000; got 0",
         ),
         ({"queue": "q", "walPath": "/w", "waitTimeSeconds": "x"}, "must be a whole number"),
+        (
+            {"queue": "q", "walPath": "/w", "visibilityTimeout": "30", "waitTimeSeconds": "10"},
+            "must be at most a sixth of 'visibilityTimeout'",
+        ),
     ],
 )
 def test_options_name_what_is_wrong(options: dict[str, str], sentence: str) -> None:
@@ -88,14 +107,17 @@ def test_options_ignore_case_as_spark_does() -> None:
     assert (parsed.queue, parsed.wal_path, parsed.num_partitions) == ("q", "/w", 3)
 
 
-def test_a_delete_not_confirmed_says_what_is_known_at_warning_level() -> None:
+def test_a_failed_delete_of_a_committed_message_says_what_is_known() -> None:
     memory = MemorySQS()
     memory.create_queue("orders")
     keeper = LeaseKeeper(memory.transport("orders"), FakeClock(), _SourceLog("spark_sink"))
-    [held] = keeper.add(slot(1, 0, "m").messages, 0.0, 30)
+    refused, lost = keeper.add(slot(1, 0, "a", "b").messages, 0.0, 30)
+    lost.disowned = True  # SQS said the handle no longer owns it: it may have deleted it
     with capture_logs() as logs:
-        _SourceLog("spark_sink").delete_failed(held.message, "receipt handle lost", False)
-    [line] = logs
-    assert line["log_level"] == "warning"  # SQS may well have deleted it: not an error
-    assert line["event"].startswith("delete of a committed message not confirmed")
-    assert "write_once drops it" in line["event"]
+        _SourceLog("spark_sink").delete_failed(refused.message, "AccessDenied", False)
+        _SourceLog("spark_sink").delete_failed(lost.message, "receipt handle lost", False)
+    assert [(line["log_level"], line["event"].split(":")[0]) for line in logs] == [
+        ("error", "delete of a committed message failed"),  # it will certainly come again
+        ("warning", "delete of a committed message not confirmed"),
+    ]
+    assert all("write_once drops it" in line["event"] for line in logs)
