@@ -99,11 +99,14 @@ class SQSStreamWriter(DataSourceStreamWriter):
         key = values.get("idempotency_key")
         if key is not None:
             attributes[KEY_ATTRIBUTE] = {"DataType": "String", "StringValue": str(key)}
-        if not self.info.fifo:
-            return OutgoingMessage(
-                body, attributes, delay_seconds=int(values.get("delay_seconds") or 0)
-            )
         group = values.get("group_id")
+        if not self.info.fifo:  # a group id there names a fair queue's tenant
+            return OutgoingMessage(
+                body,
+                attributes,
+                delay_seconds=int(values.get("delay_seconds") or 0),
+                group_id=str(group) if group else None,
+            )
         if not group:
             raise SQSSendError(f"row {index} of {origin} has no group_id for FIFO queue")
         dedup = (

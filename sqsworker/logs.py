@@ -235,8 +235,7 @@ class LogObserver(Observer):
         elif reason == HANDED_BACK_BEHIND:
             for message in messages:
                 self._for(message).info(
-                    "handed back: an earlier message of its FIFO group comes back first",
-                    group_id=message.group_id,
+                    "handed back: an earlier message of its FIFO group comes back first"
                 )
 
     def leases_extended(self, messages: Sequence[Message], seconds: int) -> None:

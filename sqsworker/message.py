@@ -148,6 +148,8 @@ class Message:
             "message_id": self.message_id,
             "receive_count": self.receive_count,
         }
+        if self.group_id is not None:  # a FIFO queue's group, or a fair queue's tenant
+            context["group_id"] = self.group_id
         if self.trace_header:
             context["aws_trace_header"] = self.trace_header
         if self.idempotency_key is not None:

@@ -569,7 +569,8 @@ class Redrive:
             OutgoingMessage(
                 m.body,
                 message_attributes=m.message_attributes,
-                group_id=(m.attributes.get("MessageGroupId") or "redrive") if fifo else None,
+                # A fair queue's tenant stays with its message; a FIFO queue needs a group.
+                group_id=m.attributes.get("MessageGroupId") or ("redrive" if fifo else None),
                 # Not the message's own deduplication id: SQS would drop a copy sent within
                 # 5 minutes of the original as a duplicate, and the delete would then lose
                 # it. One id per receive: a retry of this send is still deduplicated.

@@ -654,7 +654,7 @@ class Worker:
             return
         try:
             dlq = self._dead_letters(target)
-            send_all(dlq, [_dead_letter_copy(message, exc)])
+            send_all(dlq, [_dead_letter_copy(message, exc, dlq.info.fifo)])
         except (TransportError, StartupError) as error:
             self.observer.request_failed("SendMessageBatch", _as_transport_error(error))
             last = self._last_attempt(message)
@@ -709,7 +709,9 @@ def _smooth(old: float, new: float, weight: float) -> float:
     return new if old == 0 else old + weight * (new - old)
 
 
-def _dead_letter_copy(message: Message, exc: BaseException) -> OutgoingMessage:
+def _dead_letter_copy(message: Message, exc: BaseException, fifo: bool) -> OutgoingMessage:
+    """The copy ``Reject`` sends: the group id kept (a FIFO queue's, or a fair queue's
+    tenant), a deduplication id only where SQS takes one, on a FIFO queue."""
     attributes = dict(message.raw_message_attributes)
     notes = {
         "sqsworker-error": f"{type(exc).__name__}: {exc}"[:1024],
@@ -722,7 +724,7 @@ def _dead_letter_copy(message: Message, exc: BaseException) -> OutgoingMessage:
         body=message.body,
         message_attributes=attributes,
         group_id=message.group_id,
-        deduplication_id=message.message_id if message.group_id is not None else None,
+        deduplication_id=message.message_id if fifo else None,
     )
 
 

@@ -505,6 +505,8 @@ class MemorySQS:
                 return "InvalidParameterValue", "a FIFO queue needs a MessageDeduplicationId"
             if outgoing.delay_seconds:
                 return "InvalidParameterValue", "FIFO queues take no per-message delay"
+        elif outgoing.deduplication_id is not None:  # as SQS does (moto takes it)
+            return "InvalidParameterValue", "a standard queue takes no MessageDeduplicationId"
         return None
 
     def _enqueue(self, queue: _Queue, outgoing: OutgoingMessage) -> str:
@@ -523,7 +525,7 @@ class MemorySQS:
             message_attributes=dict(outgoing.message_attributes),
             sent_at_ms=int(self.clock.time() * 1000),
             visible_at=now + (outgoing.delay_seconds or queue.delay_seconds),
-            group_id=outgoing.group_id if queue.info.fifo else None,
+            group_id=outgoing.group_id,  # a standard queue keeps it too: a fair queue
             deduplication_id=dedup_id if queue.info.fifo else None,
             sequence_number=f"{next(queue.sequence):020d}" if queue.info.fifo else None,
         )

@@ -287,6 +287,17 @@ def test_fifo_delivers_no_later_message_of_a_group_in_flight(env: Env) -> None:
     assert third.body == "a2"
 
 
+def test_a_fair_queue_keeps_the_group_and_delivers_a_group_side_by_side(env: Env) -> None:
+    # A standard queue takes a MessageGroupId (fair queues): it names the tenant and
+    # orders nothing, so one group's messages come out together.
+    q = env.queue("tenants")
+    assert not q.info.fifo
+    send_all(q, [OutgoingMessage(f"t{i}", group_id="tenant-1") for i in range(3)])
+    got = q.receive(10, 1, 30)
+    assert sorted(m.body for m in got) == ["t0", "t1", "t2"]
+    assert {m.attributes["MessageGroupId"] for m in got} == {"tenant-1"}
+
+
 def test_fifo_drops_a_repeated_deduplication_id(env: Env) -> None:
     q = env.queue("dedup.fifo")
     send_all(q, [OutgoingMessage("same", group_id="g", deduplication_id="d1")] * 2)

@@ -80,6 +80,15 @@ def test_a_replayed_fifo_batch_is_not_sent_twice(aws: LocalSQS) -> None:
     assert drain(queue) == [f"m{i}" for i in range(12)]  # SQS dropped the second sending
 
 
+def test_a_standard_queue_keeps_a_rows_group_as_a_fair_queues_tenant(aws: LocalSQS) -> None:
+    queue = make_queue(aws, "tenants")
+    writer = SQSStreamWriter(SinkOptions(queue.info.url), queue.info, _schema("body", "group_id"))
+    assert writer.write(iter([Row(body="a", group_id="tenant-1")])).messages == 1
+    [message] = queue.receive(10, 0, 30)
+    assert message.attributes["MessageGroupId"] == "tenant-1"
+    assert "MessageDeduplicationId" not in message.attributes
+
+
 def test_a_sink_without_what_it_needs_says_so(aws: LocalSQS) -> None:
     fifo = make_queue(aws, "orders.fifo")
     with pytest.raises(SQSOptionError, match="needs a string column 'body'"):

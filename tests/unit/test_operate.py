@@ -254,6 +254,17 @@ def test_a_fifo_message_redriven_within_its_deduplication_window_is_not_dropped(
     assert dlq.counts().total == 0
 
 
+def test_a_fair_queues_message_is_redriven_with_its_tenant() -> None:
+    memory = MemorySQS(SystemClock())
+    memory.create_queue_with_dlq("orders")
+    source, dlq = memory.transport("orders"), memory.transport("orders-dlq")
+    dlq.send_batch([OutgoingMessage("order 7", group_id="tenant-1")])
+    report = Redrive(OneSource(source), dlq, None).move_here()  # type: ignore[arg-type]
+    assert (report.moved, report.failed) == (1, 0)
+    (back,) = source.receive(1, 0, 30)
+    assert back.attributes["MessageGroupId"] == "tenant-1"
+
+
 def dead_letters(count: int) -> tuple[MemorySQS, MemoryTransport, MemoryTransport]:
     memory = MemorySQS(SystemClock())
     memory.create_queue_with_dlq("orders")

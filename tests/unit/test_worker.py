@@ -106,6 +106,33 @@ def test_reject_goes_straight_to_the_dead_letter_queue(
     rig.stop()
 
 
+def test_a_fair_queue_runs_a_group_side_by_side_and_its_dead_letter_keeps_the_group(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    # A standard queue's MessageGroupId names a tenant (fair queues): no FIFO lanes, so
+    # one group's two messages run at once; a rejected one keeps its group in the
+    # dead-letter queue, without the deduplication id a standard queue refuses.
+    both = threading.Barrier(2, timeout=10)
+    groups: list[str | None] = []
+
+    def handler(message: Message) -> None:
+        groups.append(message.group_id)
+        both.wait()  # broken, and the test fails, unless the two run at the same time
+        if message.body == "poison":
+            raise Reject("cannot ever work")
+
+    rig = Rig(memory, clock, handler, concurrency=2)
+    send_all(rig.queue, [OutgoingMessage(b, group_id="tenant-1") for b in ("ok", "poison")])
+    rig.worker.start()
+    rig.wait_for("deleted", 2)
+    assert groups == ["tenant-1", "tenant-1"] and rig.count("dead_lettered") == 1
+    assert rig.dlq is not None
+    [dead] = rig.dlq.receive(1, 0, 30)
+    assert dead.attributes["MessageGroupId"] == "tenant-1"
+    assert "MessageDeduplicationId" not in dead.attributes
+    rig.stop()
+
+
 def test_configured_exception_types_are_not_retried(memory: MemorySQS, clock: FakeClock) -> None:
     def handler(message: Message) -> None:
         raise KeyError("missing field")
