@@ -1,6 +1,7 @@
 """``df.writeStream.format("sqs")``: each row a message, sent in batches, none dropped.
 
-Columns: ``body`` (required, a string); ``group_id`` (required on a FIFO queue);
+Columns: ``body`` (required, a string); ``group_id`` (required on a FIFO queue; on
+a standard queue, a fair queue's tenant);
 ``deduplication_id`` (FIFO; made from the batch when absent); ``idempotency_key``
 (sent as the ``idempotency-key`` attribute, which sqsworker consumers use to
 drop duplicates); ``delay_seconds`` (standard queues). Other columns are ignored.
@@ -28,7 +29,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from sqsworker.keys import KEY_ATTRIBUTE
-from sqsworker.transports import MAX_BATCH, OutgoingMessage, QueueInfo
+from sqsworker.transports import GROUP_ID, MAX_BATCH, OutgoingMessage, QueueInfo
 from sqsworker.transports.sqs import SQSTransport
 
 from .options import SinkOptions, SQSOptionError
@@ -100,6 +101,11 @@ class SQSStreamWriter(DataSourceStreamWriter):
         if key is not None:
             attributes[KEY_ATTRIBUTE] = {"DataType": "String", "StringValue": str(key)}
         group = values.get("group_id")
+        if group and not GROUP_ID.match(str(group)):
+            raise SQSSendError(
+                f"row {index} of {origin} has group_id {str(group)[:140]!r}, which SQS refuses: "
+                "1 to 128 letters, digits or punctuation, no spaces"
+            )
         if not self.info.fifo:  # a group id there names a fair queue's tenant
             return OutgoingMessage(
                 body,

@@ -84,7 +84,11 @@ def add_commands(commands: Any) -> None:
         metavar="NAME=VALUE",
         help="a message attribute (repeat; NAME:Number=VALUE for a number)",
     )
-    send.add_argument("--group-id", default=None, help="FIFO: the message group")
+    send.add_argument(
+        "--group-id",
+        default=None,
+        help="the message group: required on a FIFO queue; a fair queue's tenant on a standard one",
+    )
     send.add_argument("--dedup-id", default=None, help="FIFO: the deduplication id")
     send.add_argument("--delay", type=int, default=0, help="seconds before delivery (0-900)")
     send.add_argument("--idempotency-key", default=None, help="set the idempotency-key attribute")

@@ -48,7 +48,12 @@ class DefaultKey:
     def __call__(self, message: Message) -> str:
         if KEY_ATTRIBUTE in message.message_attributes:
             return AttributeKey(KEY_ATTRIBUTE)(message)
-        return message.deduplication_id or message.message_id
+        # A FIFO queue's name ends in .fifo. Elsewhere a deduplication id means nothing
+        # (SQS refuses one on a standard queue; moto keeps it): two messages sent with
+        # one by mistake are two messages.
+        if message.queue.endswith(".fifo") and message.deduplication_id:
+            return message.deduplication_id
+        return message.message_id
 
     def __str__(self) -> str:
         return "auto"

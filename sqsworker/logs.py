@@ -1,7 +1,8 @@
 """Structured logs: an ``Observer`` that turns worker events into structlog lines.
 
-Every message-scoped line carries queue, message_id, receive_count, handler and,
-when the producer sent one, the AWS trace header. Message bodies are logged only
+Every message-scoped line carries queue, message_id, receive_count, handler, the
+group id when the message has one, and, when the producer sent one, the AWS trace
+header. Message bodies are logged only
 with ``--log-bodies``; credentials never.
 
 ``configure`` renders every line the process writes the same way, JSON or

@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import ConfigError, QueueNotFound, StartupError, TransportError
 from .keys import KEY_ATTRIBUTE
-from .transports import Envelope, OutgoingMessage, QueueInfo
+from .transports import GROUP_ID, Envelope, OutgoingMessage, QueueInfo
 from .transports.sqs import SQSTransport
 
 MAX_BATCH = 10
@@ -254,6 +254,11 @@ def outgoing(
     if len(message_attributes) > 10:
         raise ConfigError(
             f"{len(message_attributes)} message attributes were given; SQS takes at most 10"
+        )
+    if group_id is not None and not GROUP_ID.match(group_id):
+        raise ConfigError(
+            f"--group-id {group_id!r} is not one SQS takes: 1 to 128 letters, digits or "
+            "punctuation, no spaces"
         )
     if info.fifo:
         if group_id is None:

@@ -23,6 +23,9 @@ LEASE_LOST_CODES = frozenset(
 _PARAMETER_CODES = frozenset({"InvalidParameterValue", "InvalidParameterValueException"})
 _GONE_TEXT = re.compile(r"does not exist or is not available|not in ?flight", re.IGNORECASE)
 MAX_BATCH = 10
+# A MessageGroupId SQS takes, on a FIFO or a standard (fair) queue: 1 to 128 letters,
+# digits and punctuation, no spaces.
+GROUP_ID = re.compile(r"^[!-~]{1,128}$")
 _BATCH_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 
 

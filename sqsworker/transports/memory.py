@@ -32,6 +32,7 @@ from ..clock import Clock, SystemClock
 from ..config import MAX_VISIBILITY, MAX_WAIT_TIME
 from ..errors import QueueNotFound, TransportError
 from . import (
+    GROUP_ID,
     MAX_BATCH,
     BatchResult,
     EntryFailure,
@@ -498,6 +499,11 @@ class MemorySQS:
             return "InvalidParameterValue", "the message is larger than the queue's limit"
         if not 0 <= outgoing.delay_seconds <= 900:
             return "InvalidParameterValue", "DelaySeconds must be from 0 to 900"
+        if outgoing.group_id is not None and not GROUP_ID.match(outgoing.group_id):
+            return (
+                "InvalidParameterValue",
+                "MessageGroupId takes 1 to 128 letters, digits or punctuation",
+            )
         if queue.info.fifo:
             if outgoing.group_id is None:
                 return "MissingParameter", "a FIFO queue needs a MessageGroupId"

@@ -108,6 +108,7 @@ def test_send_takes_arguments_files_and_stdin_in_batches_with_attributes(
         (["x", "--attribute", "n:Blob=1"], "use String or Number"),
         (["x", "--delay", "901"], "--delay 901 is out of range"),
         (["x", "--dedup-id", "d"], "is a standard queue: --dedup-id is for FIFO queues"),
+        (["x", "--group-id", "ACME Corp"], "--group-id 'ACME Corp' is not one SQS takes"),
         (["x", "--attribute", "AWS.trace=1"], "the attribute name 'AWS.trace' is not one SQS"),
         (["x", "--attribute", "bad name=1"], "the attribute name 'bad name' is not one SQS"),
         (["x", "--attribute", "empty="], "the attribute 'empty' has no value"),

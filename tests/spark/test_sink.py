@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import Row, SparkSession
 
-from spark_sink import SQSOptionError
+from spark_sink import SQSOptionError, SQSSendError
 from spark_sink.options import SinkOptions
 from spark_sink.sink import SQSStreamWriter
 from sqsworker.local import LocalSQS
@@ -87,6 +87,8 @@ def test_a_standard_queue_keeps_a_rows_group_as_a_fair_queues_tenant(aws: LocalS
     [message] = queue.receive(10, 0, 30)
     assert message.attributes["MessageGroupId"] == "tenant-1"
     assert "MessageDeduplicationId" not in message.attributes
+    with pytest.raises(SQSSendError, match="has group_id 'ACME Corp', which SQS refuses"):
+        writer.write(iter([Row(body="b", group_id="ACME Corp")]))
 
 
 def test_a_sink_without_what_it_needs_says_so(aws: LocalSQS) -> None:

@@ -18,10 +18,11 @@ from sqsworker.clock import FakeClock
 from sqsworker.errors import ConfigError, IdempotencyKeyError, StoreError, TransportError
 from sqsworker.events import Tally
 from sqsworker.idempotency import CLAIM_MARGIN, RENEW_BELOW
+from sqsworker.keys import DefaultKey
 from sqsworker.stores import STORE_CALL_LIMIT, Lease, Record, State, open_store
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.stores.sqlite import SQLiteStore
-from sqsworker.transports import BatchResult, OutgoingMessage, send_all
+from sqsworker.transports import BatchResult, Envelope, OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS, MemoryTransport
 
 from ..conftest import wait_until
@@ -249,6 +250,15 @@ def test_a_store_outage_retries_the_message_and_loses_nothing(
     assert runs == ["x"]
     assert rig.count("failed") == 1  # the failure path: backoff, then the retry ran
     rig.stop()
+
+
+def test_a_deduplication_id_keys_a_message_on_a_fifo_queue_only() -> None:
+    def on(queue: str) -> Message:
+        envelope = Envelope("m-1", "h", "x", {"MessageDeduplicationId": "same"})
+        return Message(envelope, queue)
+
+    assert DefaultKey()(on("jobs.fifo")) == "same"
+    assert DefaultKey()(on("jobs")) == "m-1"  # moto keeps one on a standard queue; SQS refuses it
 
 
 def test_fifo_messages_are_keyed_by_their_deduplication_id(

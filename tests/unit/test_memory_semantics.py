@@ -16,6 +16,20 @@ from sqsworker.transports.memory import GONE, MemorySQS
 from ..conftest import wait_until
 
 
+def test_what_a_standard_queue_refuses_as_sqs_does(memory: MemorySQS) -> None:
+    # moto takes both; SQS refuses a deduplication id on a standard queue, and a group id
+    # (a fair queue's tenant) that is not 1 to 128 letters, digits or punctuation.
+    memory.create_queue("tenants")
+    queue = memory.transport("tenants")
+    for outgoing, refusal in [
+        (OutgoingMessage("x", deduplication_id="d"), "no MessageDeduplicationId"),
+        (OutgoingMessage("x", group_id="ACME Corp"), "MessageGroupId takes 1 to 128"),
+    ]:
+        [failure] = queue.send_batch([outgoing]).failed
+        assert failure.code == "InvalidParameterValue" and refusal in failure.message
+    assert queue.counts().total == 0
+
+
 def test_a_stale_handle_cannot_change_visibility(memory: MemorySQS, clock: FakeClock) -> None:
     memory.create_queue("q")
     q = memory.transport("q")
