@@ -111,6 +111,7 @@ class Worker:
         # messages back instead of leaving a lost response's messages invisible.
         self._failed_attempts: list[str] = []
         self._pollers_alive = 0
+        self._returned_at_stop: list[Held] = []  # what polls returned once stopping began
         self._handlers_alive = 0
         self._receiving = [Progress(self.clock) for _ in range(self.pollers)]  # for /healthz
         self._started = False
@@ -230,7 +231,7 @@ class Worker:
         deadline = self.clock.monotonic() + self.config.shutdown_timeout
 
         # 1. Stop receiving. A long poll already under way ends by itself (within
-        #    --wait-time): its receive thread hands whatever it returns straight back.
+        #    --wait-time): what it returns is handed back with the rest (3).
         self._stopping.set()
         with self._slots:
             waiting = self._pending.drain() + [held for _, held in self._deferred]
@@ -242,24 +243,10 @@ class Worker:
         running = self._unfinished
         self.observer.shutdown_started(len(waiting), running)
 
-        # 2. Hand back the received-but-unstarted messages: visible to others at once.
-        self.keeper.hand_back(waiting)
-
-        # 3. Let running handlers finish; the lease thread keeps their leases alive.
-        with self._slots:
-            while self._unfinished > 0 and self.clock.monotonic() < deadline:
-                self.clock.wait(self._slots, deadline)
-            clean = self._unfinished == 0
-
-        # 4. Past the timeout, hand the still-running messages back for another worker.
-        overdue = [] if clean else self.keeper.running()
-        self.keeper.hand_back(overdue)
-
-        # 5. Wait out the long polls still under way, so none of their messages is
-        #    stranded: their receive threads hand them back. SQS answers a receive whose
-        #    connection was closed by hiding its messages all the same, so a receive
-        #    cannot be cut short. Each is one HTTP attempt, bounded by the client's
-        #    timeouts, so this ends.
+        # 2. Wait out the long polls still under way, so none of their messages is
+        #    stranded: SQS answers a receive whose connection was closed by hiding its
+        #    messages all the same, so a receive cannot be cut short. Each is one HTTP
+        #    attempt, bounded by the client's timeouts, so this ends. Handlers run on.
         with self._slots:
             polls = list(self._polls_began.values())
         if polls:
@@ -268,6 +255,23 @@ class Worker:
         with self._slots:
             while self._pollers_alive:
                 self.clock.wait(self._slots, None)
+            returned, self._returned_at_stop = self._returned_at_stop, []
+
+        # 3. Hand back the received-but-unstarted messages, and what those polls
+        #    returned: visible to others at once. Only now: a poll of ours still under
+        #    way would receive them again, each time using up one of their receives
+        #    (maxReceiveCount), and could move them to the dead-letter queue unrun.
+        self.keeper.hand_back(waiting + returned)
+
+        # 4. Let running handlers finish; the lease thread keeps their leases alive.
+        with self._slots:
+            while self._unfinished > 0 and self.clock.monotonic() < deadline:
+                self.clock.wait(self._slots, deadline)
+            clean = self._unfinished == 0
+
+        # 5. Past the timeout, hand the still-running messages back for another worker.
+        overdue = [] if clean else self.keeper.running()
+        self.keeper.hand_back(overdue)
 
         # 6. Flush queued deletes and returns, then stop the lease thread.
         unsettled = self.keeper.stop(give_up_after=max(5.0, deadline - self.clock.monotonic()))
@@ -361,7 +365,7 @@ class Worker:
                 self._unfinished += len(held)
                 self._runnable.notify(len(held))
                 return True
-        self.keeper.hand_back(held)  # shutdown began during the poll
+            self._returned_at_stop += held  # shutdown began during the poll: handed back
         return False
 
     def _answered(self, index: int, full: bool) -> None:

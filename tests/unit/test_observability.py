@@ -345,9 +345,12 @@ class SecondReceiveHangs(MemoryTransport):
         return super().receive(max_messages, wait_seconds, visibility_timeout, attempt_id)
 
 
-def test_a_message_handed_back_twice_counts_twice_in_the_log_the_summary_and_the_metrics(
+def test_at_shutdown_a_waiting_message_goes_back_once_after_the_polls_under_way(
     memory: MemorySQS, clock: FakeClock, metrics: Metrics, json_logs: io.StringIO
 ) -> None:
+    # Handed back while a poll of the worker's own is under way, a message was received
+    # again by it, and handed back again: each time using up one of its receives, so a
+    # rolling update moved messages to the dead-letter queue unrun (maxReceiveCount 3).
     gate = Gate()
     memory.create_queue_with_dlq("jobs", 3)
     transport = SecondReceiveHangs(memory)
@@ -366,18 +369,21 @@ def test_a_message_handed_back_twice_counts_twice_in_the_log_the_summary_and_the
     rig.worker.request_stop()
     stopping = threading.Thread(target=rig.worker.shutdown)
     stopping.start()
-    # "waits" is handed back at once; the poll under way then receives it again.
+    wait_until(lambda: "waiting for the receives under way to end" in json_logs.getvalue())
+    assert rig.count("handed_back") == 0 and memory.counts("jobs").visible == 0  # held
+    transport.release.set()  # the poll ends, with nothing: "waits" is still held
     wait_until(lambda: rig.count("handed_back") == 1)
-    transport.release.set()
     gate.release.set()
     stopping.join(10)
     assert not stopping.is_alive()
     summary(rig.tally.counts)
     lines = {line["event"]: line for line in map(json.loads, json_logs.getvalue().splitlines())}
-    assert lines["stopped"]["handed_back"] == 2
-    assert lines["summary"]["handed_back"] == 2
-    assert sample(metrics, "sqsworker_messages_handed_back_total") == 2
+    assert lines["stopped"]["handed_back"] == 1
+    assert lines["summary"]["handed_back"] == 1
+    assert sample(metrics, "sqsworker_messages_handed_back_total") == 1
     assert memory.counts("jobs").total == 1  # "waits", visible again; "runs" deleted
+    [back] = rig.queue.receive(10, 0, 30)
+    assert (back.body, back.receive_count) == ("waits", 2)  # one receive used, not two
 
 
 def test_two_handlers_in_one_process_share_one_metrics_page_and_one_health(
