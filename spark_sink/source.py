@@ -32,6 +32,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -163,6 +164,8 @@ class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         driver.commit_through(start["seq"])  # asked only once that batch is in the commit log
         if driver.visible() > 0:
             return {"seq": start["seq"] + 1}
+        # Nothing to read: the commits' deletes finish before the query may end here.
+        driver.settle()
         if not self.available_now:
             time.sleep(IDLE_WAIT)  # Spark asks again at once: do not poll SQS in a loop
         return start
@@ -304,6 +307,10 @@ class _Driver:
         self._committed = 0
         self._closing = False
         self._nudge = threading.Event()  # a slot was planned, or close() was called
+        # A commit's deletes go on while the next batch is planned and read: one commit
+        # at a time, in order; settle() and close() wait for them.
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="spark-sink-commit")
+        self._last_commit: Future[None] | None = None
         self._watcher = threading.Thread(target=self._watch, name="spark-sink-wal", daemon=True)
         self._watcher.start()
 
@@ -348,7 +355,12 @@ class _Driver:
                 self._held.setdefault(slot.seq, []).extend(held)
 
     def commit_through(self, seq: int) -> None:
-        """Delete every message of every batch up to ``seq``, then forget their log."""
+        """Delete every message of every batch up to ``seq``, then forget their log.
+
+        The deletes go on after this returns, so the next batch is read meanwhile; their
+        leases are kept until SQS answers, and the log stays until then (a driver
+        restarted before then deletes from it). ``settle()`` waits for them.
+        """
         with self._lock:
             if seq <= self._committed:
                 return
@@ -356,8 +368,22 @@ class _Driver:
             batches = [self._held.pop(s) for s in list(self._held) if s <= seq]
             self._due = {key: until for key, until in self._due.items() if key[0] > seq}
             self._committed = seq
-        # Deleted before returning: when the query ends here, this process ends with it.
-        unsent = self.keeper.delete_now([h for held in batches for h in held], DELETE_TIMEOUT)
+            held = [h for batch in batches for h in batch]
+            self._last_commit = self._committer.submit(self._settle, seq, held)
+
+    def settle(self) -> None:
+        """Wait until every commit so far has its deletes answered and its log gone."""
+        with self._lock:
+            last = self._last_commit
+        if last is not None:
+            last.result()
+
+    def _settle(self, seq: int, held: list[Held]) -> None:
+        try:
+            unsent = self.keeper.delete_now(held, DELETE_TIMEOUT)
+        except Exception:  # the log stays: a restarted driver deletes from it
+            log.exception("deleting committed messages failed", batch_id=seq - 1)
+            return
         if unsent:
             log.warning(
                 "deletes of committed messages still unanswered; they may be delivered again",
@@ -370,6 +396,8 @@ class _Driver:
             self._seen = {key for key in self._seen if key[0] > seq}
 
     def close(self) -> None:
+        # The commits' deletes first: when the query ends here, this process ends with it.
+        self._committer.shutdown(wait=True)
         self._closing = True
         self._nudge.set()
         self._watcher.join()
