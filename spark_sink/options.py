@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqsworker.config import MAX_VISIBILITY, MAX_WAIT_TIME
+from sqsworker.config import BUCKET_NAME, MAX_VISIBILITY, MAX_WAIT_TIME
 
 
 class SQSOptionError(ValueError):
@@ -60,14 +60,34 @@ class SinkOptions:
     queue: str
     region: str | None = None
     endpoint_url: str | None = None
+    # Bodies over the threshold (bytes, attributes counted; None: the queue's
+    # MaximumMessageSize) go to this S3 bucket, and the message is a pointer to them.
+    payload_bucket: str | None = None
+    payload_threshold: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         given = {k.lower(): v for k, v in options.items()}
+        bucket = (given.get("payloadbucket") or "").strip() or None
+        if bucket is not None and not BUCKET_NAME.match(bucket):
+            raise SQSOptionError(
+                f"the sqs option 'payloadBucket' must be an S3 bucket name (3-63 lowercase "
+                f"letters, digits, dots and hyphens); got {bucket!r}"
+            )
+        threshold = None
+        if "payloadthreshold" in given:
+            if bucket is None:
+                raise SQSOptionError(
+                    "the sqs option 'payloadThreshold' needs 'payloadBucket': where to put "
+                    "the bodies over it"
+                )
+            threshold = _int(given, "payloadThreshold", 0, 0, 1_048_576)
         return cls(
             queue=_required(given, "queue", "the queue's name or URL", "orders"),
             region=given.get("region") or None,
             endpoint_url=given.get("endpointurl") or None,
+            payload_bucket=bucket,
+            payload_threshold=threshold,
         )
 
 

@@ -6,6 +6,10 @@ a standard queue, a fair queue's tenant);
 (sent as the ``idempotency-key`` attribute, which sqsworker consumers use to
 drop duplicates); ``delay_seconds`` (standard queues). Other columns are ignored.
 
+With ``payloadBucket``, a message larger than ``payloadThreshold`` (default: the
+queue's ``MaximumMessageSize``) has its body put in that S3 bucket and is sent as a
+pointer, in the format of AWS's extended clients (see ``sqsworker.payloads``).
+
 Each ``SendMessageBatch`` carries at most 10 messages and at most the queue's
 ``MaximumMessageSize`` in all. Entries SQS refuses for its own reasons are sent
 again (up to 5 tries); an entry refused for the sender's fault (too big, a bad
@@ -29,6 +33,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from sqsworker.keys import KEY_ATTRIBUTE
+from sqsworker.payloads import Payloads
 from sqsworker.transports import GROUP_ID, MAX_BATCH, OutgoingMessage, QueueInfo
 from sqsworker.transports.sqs import SQSTransport
 
@@ -59,6 +64,13 @@ class SQSStreamWriter(DataSourceStreamWriter):
                 f"{info.name} is a FIFO queue: the sqs sink needs a column 'group_id' "
                 "with each row's MessageGroupId"
             )
+        threshold = options.payload_threshold
+        if threshold is not None and threshold > info.maximum_message_size:
+            raise SQSOptionError(
+                f"the sqs option 'payloadThreshold' ({threshold}) is more than {info.name} "
+                f"takes ({info.maximum_message_size} bytes): use at most that"
+            )
+        self.threshold = info.maximum_message_size if threshold is None else threshold
         self.options = options
         self.info = info
 
@@ -72,13 +84,18 @@ class SQSStreamWriter(DataSourceStreamWriter):
         transport = SQSTransport.reopen(
             self.info, endpoint_url=self.options.endpoint_url, region=self.options.region
         )
+        payloads = None
+        if self.options.payload_bucket is not None:
+            payloads = Payloads(bucket=self.options.payload_bucket, region=self.options.region)
         sent = 0
         try:
             pending: list[OutgoingMessage] = []
             size = 0
             for index, record in enumerate(iterator):
                 message = self._message(record.asDict(), origin, index)
-                length = _size(message)
+                if payloads is not None:
+                    message = payloads.offload(message, self.threshold)
+                length = message.size
                 if pending and (
                     len(pending) == MAX_BATCH or size + length > self.info.maximum_message_size
                 ):
@@ -126,14 +143,6 @@ class SQSStreamWriter(DataSourceStreamWriter):
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         pass  # sent messages cannot be unsent: the replay's deduplication ids cover FIFO
-
-
-def _size(message: OutgoingMessage) -> int:
-    attributes = sum(
-        len(name) + len(str(v.get("DataType", ""))) + len(str(v.get("StringValue", "")))
-        for name, v in message.message_attributes.items()
-    )
-    return len(message.body.encode()) + attributes
 
 
 def _send(transport: SQSTransport, batch: list[OutgoingMessage]) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,9 +25,11 @@ from rich.table import Table
 
 from . import operate
 from .cli import EXIT_FORCED, EXIT_STARTUP, EXIT_USAGE, Signals, fail
-from .errors import ConfigError, StartupError, TransportError
+from .config import BUCKET_NAME
+from .errors import ConfigError, PayloadUnavailable, StartupError, TransportError
 from .operate import Queues, QueueStatus
-from .transports import Envelope
+from .payloads import Payloads
+from .transports import Envelope, QueueInfo
 
 PROGRESS_FROM = 100  # messages: fewer are sent or moved without a progress bar
 BODY_SHOWN = 300  # characters of a body that peek shows
@@ -92,6 +95,21 @@ def add_commands(commands: Any) -> None:
     send.add_argument("--dedup-id", default=None, help="FIFO: the deduplication id")
     send.add_argument("--delay", type=int, default=0, help="seconds before delivery (0-900)")
     send.add_argument("--idempotency-key", default=None, help="set the idempotency-key attribute")
+    send.add_argument(
+        "--payload-bucket",
+        default=os.environ.get("SQSWORKER_PAYLOAD_BUCKET") or None,
+        metavar="BUCKET",
+        help="put bodies over --payload-threshold in this S3 bucket and send a pointer, as "
+        "AWS's extended clients do (default: $SQSWORKER_PAYLOAD_BUCKET)",
+    )
+    send.add_argument(
+        "--payload-threshold",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="offload messages larger than this, attributes counted (default: the queue's "
+        "MaximumMessageSize; 262144 is the extended clients' own)",
+    )
 
     peek = command(
         "peek",
@@ -155,7 +173,7 @@ def run_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         fail(str(exc))
         return EXIT_USAGE
-    except (StartupError, TransportError) as exc:
+    except (StartupError, TransportError, PayloadUnavailable) as exc:
         fail(str(exc))
         return EXIT_STARTUP
     except KeyboardInterrupt:  # peek hands its messages back before this
@@ -247,6 +265,7 @@ def _table(console: Console) -> Table:
 
 def _send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     queue = queues.open(args.queue)
+    threshold = _payload_threshold(args, queue.info)
     messages = operate.outgoing(
         queue.info,
         _bodies(args),
@@ -255,9 +274,20 @@ def _send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
         dedup_id=args.dedup_id,
         delay=args.delay,
         idempotency_key=args.idempotency_key,
+        offload_over=threshold,
     )
     if not messages:
         raise ConfigError("there was no message to send: the input had no bodies")
+    if threshold is not None:
+        payloads = Payloads(bucket=args.payload_bucket, region=args.region)
+        with _progress(console, "offloading", len(messages)) as advance:
+            offloaded = []
+            for message in messages:
+                offloaded.append(payloads.offload(message, threshold))
+                advance(1)
+        if moved := sum(m is not o for m, o in zip(messages, offloaded, strict=True)):
+            console.print(f"put {moved} of {len(messages)} bodies in s3://{args.payload_bucket}")
+        messages = offloaded
     if args.idempotency_key is not None and len(messages) > 1:
         console.print(
             f"note: the {len(messages)} messages share the idempotency key "
@@ -270,6 +300,28 @@ def _send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     console.print(f"sent {_messages(report.sent)} to {queue.info.name}", end="")
     console.print(f"; {len(report.failed)} not sent" if report.failed else "")
     return 1 if report.failed else 0
+
+
+def _payload_threshold(args: argparse.Namespace, info: QueueInfo) -> int | None:
+    """Bytes over which a message's body goes to S3; None when no bucket was given."""
+    if args.payload_bucket is None:
+        if args.payload_threshold is not None:
+            raise ConfigError("--payload-threshold needs --payload-bucket: where to put bodies")
+        return None
+    if not BUCKET_NAME.match(args.payload_bucket):
+        raise ConfigError(
+            f"--payload-bucket {args.payload_bucket!r} is not an S3 bucket name: 3-63 "
+            "lowercase letters, digits, dots and hyphens"
+        )
+    threshold: int | None = args.payload_threshold
+    if threshold is None:
+        return info.maximum_message_size
+    if not 0 <= threshold <= info.maximum_message_size:
+        raise ConfigError(
+            f"--payload-threshold {threshold} is out of range: from 0 (every body to S3) to "
+            f"{info.maximum_message_size:,}, the most {info.name} takes"
+        )
+    return threshold
 
 
 def _bodies(args: argparse.Namespace) -> list[str]:

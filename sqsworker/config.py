@@ -27,6 +27,7 @@ RECEIVE_MARGIN = 2  # seconds a lease must outlast the long poll that returned i
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
 KEY_CONFLICT_OUTCOMES = ("reject", "suppress")
+BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 ENV_PREFIX = "SQSWORKER_"
 HANDLER_SEPARATOR = "__"  # SQSWORKER_<HANDLER>__<OPTION>
@@ -269,6 +270,26 @@ class WorkerConfig:
         ),
     )
 
+    payload_bucket: str | None = field(
+        default=None,
+        metadata=_option(
+            "The S3 bucket of offloaded bodies (messages over SQS's size limit, sent by "
+            "sqsworker send, the Spark sink or AWS's extended clients): the only bucket the "
+            "worker fetches them from. Unset: the bucket each message names.",
+            _parse_optional_str,
+            metavar="BUCKET",
+        ),
+    )
+    delete_payloads: bool = field(
+        default=False,
+        metadata=_option(
+            "Delete an offloaded body from S3 once its message is deleted. Off by default: "
+            "another queue subscribed to the same topic may still need it; an S3 lifecycle "
+            "rule clears old bodies instead.",
+            _parse_bool,
+        ),
+    )
+
     def __post_init__(self) -> None:
         def fail(name: str, rule: str) -> None:
             value = getattr(self, name)
@@ -331,6 +352,11 @@ class WorkerConfig:
             fail("idempotency_ttl", "must be at least 1 second")
         if self.on_key_conflict not in KEY_CONFLICT_OUTCOMES:
             fail("on_key_conflict", "must be one of " + ", ".join(KEY_CONFLICT_OUTCOMES))
+        if self.payload_bucket is not None and not BUCKET_NAME.match(self.payload_bucket):
+            fail(
+                "payload_bucket",
+                "must be an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens)",
+            )
 
 
 def label(name: str) -> str:

@@ -99,3 +99,14 @@ class IdempotencyKeyError(Reject):
 
 class KeyConflict(Reject):
     """The message's idempotency key was already used by a message with another body."""
+
+
+class PayloadMissing(Reject):
+    """An offloaded body cannot be had from S3, and retrying cannot change that: the
+    object or its bucket is gone, the pointer is malformed, or its bucket is not the one
+    the worker reads (``--payload-bucket``)."""
+
+
+class PayloadUnavailable(SQSWorkerError):
+    """S3 did not answer a fetch of an offloaded body (throttled, unreachable, denied):
+    a failure like any other, retried after the backoff."""

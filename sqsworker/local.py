@@ -75,11 +75,13 @@ class LocalSQS:
     def env(self) -> dict[str, str]:
         """The environment a worker or boto3 client needs to reach this endpoint.
 
-        moto's server also speaks DynamoDB, so a ``dynamodb://`` idempotency store works here.
+        moto's server also speaks DynamoDB and S3, so a ``dynamodb://`` idempotency store
+        and offloaded bodies (``--payload-bucket``) work here.
         """
         return {
             "AWS_ENDPOINT_URL_SQS": self.endpoint_url,
             "AWS_ENDPOINT_URL_DYNAMODB": self.endpoint_url,
+            "AWS_ENDPOINT_URL_S3": self.endpoint_url,
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
             **CREDENTIALS,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from .errors import MessageDecodeError
+from .payloads import Payloads, Pointer, pointer_of
 from .transports import Envelope
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class DetachedLease:
 class Message:
     """One SQS message and its lease. Attributes are read-only views of what SQS sent."""
 
-    __slots__ = ("_envelope", "idempotency", "idempotency_key", "lease", "queue")
+    __slots__ = ("_envelope", "_payload", "idempotency", "idempotency_key", "lease", "queue")
 
     def __init__(self, envelope: Envelope, queue: str = "", lease: Lease | None = None) -> None:
         self._envelope = envelope
@@ -62,6 +63,8 @@ class Message:
         # the claim on it while this message holds it.
         self.idempotency_key: str | None = None
         self.idempotency: Claim | None = None
+        # An offloaded body, once fetched from S3 (see ``payloads``).
+        self._payload: str | None = None
 
     def __repr__(self) -> str:
         return f"<Message {self.message_id} queue={self.queue!r} receive={self.receive_count}>"
@@ -95,7 +98,29 @@ class Message:
 
     @property
     def body(self) -> str:
+        """The body the sender sent: for a message whose body was offloaded to S3, the
+        worker fetched it before the handler runs (``sent_body`` is the pointer)."""
+        return self._envelope.body if self._payload is None else self._payload
+
+    @property
+    def sent_body(self) -> str:
+        """The body as SQS holds it: for an offloaded message, the S3 pointer."""
         return self._envelope.body
+
+    @property
+    def offloaded_to(self) -> Pointer | None:
+        """Where the message's body is in S3, for a message whose body was offloaded.
+
+        Raises ``PayloadMissing`` (a ``Reject``) when the message says it was offloaded
+        and its body is not a pointer.
+        """
+        return pointer_of(self._envelope.body, self._envelope.message_attributes)
+
+    def fetch_body(self, payloads: Payloads) -> None:
+        """Fetch an offloaded body from S3 (once), so that ``body`` is the sender's."""
+        pointer = self.offloaded_to
+        if pointer is not None and self._payload is None:
+            self._payload = payloads.fetch(pointer)
 
     @property
     def attributes(self) -> Mapping[str, str]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from .errors import ConfigError, QueueNotFound, StartupError, TransportError
 from .keys import KEY_ATTRIBUTE
+from .payloads import check_offloadable
 from .transports import GROUP_ID, Envelope, OutgoingMessage, QueueInfo
 from .transports.sqs import SQSTransport
 
@@ -246,8 +247,13 @@ def outgoing(
     dedup_id: str | None = None,
     delay: int = 0,
     idempotency_key: str | None = None,
+    offload_over: int | None = None,
 ) -> list[OutgoingMessage]:
-    """The messages to send, every one checked against what ``info``'s queue accepts."""
+    """The messages to send, every one checked against what ``info``'s queue accepts.
+
+    ``offload_over``: messages larger than this many bytes will have their body put in
+    S3 (``Payloads.offload``), so they may be larger than the queue takes.
+    """
     message_attributes = dict(parse_attribute(a) for a in attributes)
     if idempotency_key is not None:
         message_attributes[KEY_ATTRIBUTE] = {"DataType": "String", "StringValue": idempotency_key}
@@ -296,11 +302,13 @@ def outgoing(
             "the first and drop the rest as duplicates; send them one at a time"
         )
     for index, message in enumerate(messages, 1):
-        _check(index, message, info)
+        _check(index, message, info, offload_over)
     return messages
 
 
-def _check(index: int, message: OutgoingMessage, info: QueueInfo) -> None:
+def _check(
+    index: int, message: OutgoingMessage, info: QueueInfo, offload_over: int | None = None
+) -> None:
     if not message.body:
         raise ConfigError(f"message {index} is empty: SQS does not accept an empty body")
     for text in [
@@ -314,23 +322,18 @@ def _check(index: int, message: OutgoingMessage, info: QueueInfo) -> None:
                 f"position {refused.start() + 1}): SQS takes Unicode text without control "
                 "characters other than tab and line breaks"
             )
-    size = message_size(message)
-    if size > info.maximum_message_size:
+    size = message.size
+    if offload_over is not None and size > offload_over:
+        try:
+            check_offloadable(message)
+        except ConfigError as exc:
+            raise ConfigError(f"message {index} cannot be offloaded to S3: {exc}") from None
+    elif size > info.maximum_message_size:
         raise ConfigError(
             f"message {index} is {size:,} bytes with its attributes; {info.name} takes at "
-            f"most {info.maximum_message_size:,}: send a smaller body (or its S3 location)"
+            f"most {info.maximum_message_size:,}: send a smaller body, or put bodies this "
+            "large in S3 with --payload-bucket BUCKET"
         )
-
-
-def message_size(message: OutgoingMessage) -> int:
-    """The bytes SQS counts against the message size limit: body, attribute names,
-    types and values."""
-    size = len(message.body.encode())
-    for name, value in message.message_attributes.items():
-        size += len(name.encode()) + len(str(value.get("DataType", "")).encode())
-        size += len(str(value.get("StringValue", "")).encode())
-        size += len(value.get("BinaryValue", b"") or b"")
-    return size
 
 
 def batches(messages: Sequence[OutgoingMessage]) -> Iterator[list[OutgoingMessage]]:
@@ -338,7 +341,7 @@ def batches(messages: Sequence[OutgoingMessage]) -> Iterator[list[OutgoingMessag
     batch: list[OutgoingMessage] = []
     size = 0
     for message in messages:
-        length = message_size(message)
+        length = message.size
         if batch and (len(batch) == MAX_BATCH or size + length > MAX_REQUEST_BYTES):
             yield batch
             batch, size = [], 0

@@ -25,13 +25,22 @@ import structlog
 
 from .clock import Clock, SystemClock
 from .config import WorkerConfig
-from .errors import KeyConflict, Reject, Retry, StartupError, StoreError, TransportError
+from .errors import (
+    KeyConflict,
+    PayloadUnavailable,
+    Reject,
+    Retry,
+    StartupError,
+    StoreError,
+    TransportError,
+)
 from .events import Observer, Observers
 from .handler import Handler, as_handler
 from .health import Health, Progress
 from .idempotency import Idempotency, Verdict
 from .lanes import HANDED_BACK_BEHIND, Lanes, Line
 from .lease import MAX_SENDERS, Held, LeaseKeeper
+from .payloads import Payloads, RemoveAfterDelete
 from .policies import Backoff
 from .transports import MAX_BATCH, OutgoingMessage, Transport, send_all
 
@@ -56,12 +65,20 @@ class Worker:
         observer: Observer | None = None,
         backoff: Backoff | None = None,
         idempotency_store: Store | None = None,
+        payloads: Payloads | None = None,
     ) -> None:
         self.handler = as_handler(handler)
         self.config = config or WorkerConfig(**self.handler.options)
         self.clock: Clock = clock or SystemClock()
+        # Offloaded bodies: fetched from S3 on the handler thread before the handler runs.
+        self.payloads = payloads or Payloads(
+            bucket=self.config.payload_bucket, region=self.config.region
+        )
+        # With --delete-payloads, removed once SQS deleted a message handled or dropped.
+        self._remover = RemoveAfterDelete(self.payloads) if self.config.delete_payloads else None
+        observers = [o for o in (observer, self._remover) if o is not None]
         # Fanned out through Observers, so an observer that raises never breaks a thread.
-        self.observer: Observer = Observers([observer] if observer else [])
+        self.observer: Observer = Observers(observers)
         self.backoff = backoff or Backoff(self.config.backoff_base, self.config.backoff_max)
         self._transport = transport
         self._store = idempotency_store  # else opened from config.idempotency_store at start
@@ -278,6 +295,7 @@ class Worker:
         self.transport.close()
         if self.idempotency:  # a store call still under way at the deadline is left to end
             self.idempotency.close(deadline=max(deadline, self.clock.monotonic() + 5.0))
+        self.payloads.close()  # the removals of offloaded bodies asked for (one request each)
         self.observer.shutdown_finished(clean, self.keeper.handed_back_count, unsettled)
         return 0 if clean else 1
 
@@ -507,6 +525,14 @@ class Worker:
             self.observer.handler_skipped(message, "its lease was lost while it waited to start")
             return False
         started = self.clock.monotonic()
+        try:
+            message.fetch_body(self.payloads)  # an offloaded body, before the key is derived
+        except Reject as exc:
+            self._reject(held, exc, started)
+            return False
+        except PayloadUnavailable as exc:
+            self._fail(held, exc, started, delay=None)
+            return False
         if self.idempotency:
             verdict = self._admit(held, started)
             if verdict is not Verdict.RUN:
@@ -538,6 +564,7 @@ class Worker:
             self._fail(held, exc, started, delay=None)
         else:
             self._complete_claim(message)
+            self._done_with_body(message)
             self.keeper.succeed(held, urgent=self._blocks_its_group(held))
             self.observer.handler_succeeded(message, self.clock.monotonic() - started)
         return False
@@ -571,6 +598,7 @@ class Worker:
                 return Verdict.CONFLICT
             verdict = Verdict.DUPLICATE
         if verdict is Verdict.DUPLICATE:
+            self._done_with_body(message)
             self.keeper.succeed(held, urgent=self._blocks_its_group(held))
             self.observer.duplicate_suppressed(message)
         elif verdict is Verdict.BUSY:
@@ -609,6 +637,13 @@ class Worker:
             self.idempotency.release(message)
         except Exception as exc:  # the claim lapses with its lease instead
             self.observer.store_failed("release", exc)
+
+    def _done_with_body(self, message: Message) -> None:
+        """The message is handled (or dropped as a duplicate): with --delete-payloads, its
+        offloaded body goes once SQS deleted it. A rejected one's is kept: the copy in the
+        dead-letter queue points to it."""
+        if self._remover is not None:
+            self._remover.expect(message)
 
     def _blocks_its_group(self, held: Held) -> bool:
         """True when SQS holds back the message's FIFO group until it is deleted.
@@ -725,7 +760,7 @@ def _dead_letter_copy(message: Message, exc: BaseException, fifo: bool) -> Outgo
         if len(attributes) < MAX_ATTRIBUTES:
             attributes[name] = {"DataType": "String", "StringValue": text}
     return OutgoingMessage(
-        body=message.body,
+        body=message.sent_body,  # an offloaded body's pointer, with its size attribute
         message_attributes=attributes,
         group_id=message.group_id,
         deduplication_id=message.message_id if fifo else None,

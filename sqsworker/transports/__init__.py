@@ -77,6 +77,17 @@ class OutgoingMessage:
     group_id: str | None = None
     deduplication_id: str | None = None
 
+    @property
+    def size(self) -> int:
+        """The bytes SQS counts against its message size limit: the body, and each
+        attribute's name, type and value."""
+        total = len(self.body.encode())
+        for name, value in self.message_attributes.items():
+            total += len(name.encode()) + len(str(value.get("DataType", "")).encode())
+            total += len(str(value.get("StringValue", "")).encode())
+            total += len(value.get("BinaryValue", b"") or b"")
+        return total
+
 
 @dataclass(frozen=True)
 class EntryFailure:

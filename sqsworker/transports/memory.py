@@ -471,7 +471,7 @@ class MemorySQS:
         result = BatchResult()
         with self._changed, self._request("SendMessageBatch"):
             queue = self._queue(name)
-            size = sum(_size(m) for m in messages)
+            size = sum(m.size for m in messages)
             if size > MAX_BATCH_PAYLOAD:
                 raise _error(
                     "BatchRequestTooLong",
@@ -495,7 +495,7 @@ class MemorySQS:
             return "MissingParameter", "the message body must not be empty"
         if _INVALID_BODY.search(outgoing.body):
             return "InvalidMessageContents", "the message body contains characters SQS refuses"
-        if _size(outgoing) > queue.info.maximum_message_size:
+        if outgoing.size > queue.info.maximum_message_size:
             return "InvalidParameterValue", "the message is larger than the queue's limit"
         if not 0 <= outgoing.delay_seconds <= 900:
             return "InvalidParameterValue", "DelaySeconds must be from 0 to 900"
@@ -547,14 +547,6 @@ class MemorySQS:
             in_flight = sum(1 for m in messages if m.in_flight(now))
             delayed = sum(1 for m in messages if m.handle is None and m.visible_at > now)
             return QueueCounts(len(messages) - in_flight - delayed, in_flight, delayed)
-
-
-def _size(outgoing: OutgoingMessage) -> int:
-    size = len(outgoing.body.encode())
-    for attr_name, value in outgoing.message_attributes.items():
-        size += len(attr_name.encode()) + len(str(value.get("DataType", "")).encode())
-        size += len(str(value.get("StringValue", value.get("BinaryValue", ""))).encode())
-    return size
 
 
 class MemoryTransport:

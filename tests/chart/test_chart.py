@@ -182,7 +182,8 @@ def _sample(field: str) -> str:
     samples |= {"endpoint_url": "http://sqs:4566", "region": "eu-west-1", "metrics_host": "0.0.0.0"}
     samples |= {"non_retryable": "app:Fatal", "log_bodies": "false", "metrics_port": "9000"}
     samples |= {"idempotency_store": "dynamodb://orders-keys", "idempotency_key": "json:order.id"}
-    samples |= {"on_key_conflict": "reject"}
+    samples |= {"on_key_conflict": "reject", "payload_bucket": "orders-bodies"}
+    samples |= {"delete_payloads": "false"}
     return samples.get(field, "5")
 
 

@@ -6,6 +6,8 @@ RECEIVE PID" and "done KIND ID RECEIVE PID". The body's "sleep" is seconds to
 take; kind "fail" always raises, "fail_once" raises on the first receive.
 ``work_too`` is the same, for a second queue served by the same process.
 
+``measure``: appends the SHA-256 and the length of the body it was given to $LEDGER.
+
 ``pay``: a transactional handler. It inserts one row per run into the table
 ``effects`` of the idempotency store's own database (SQLite or PostgreSQL), inside
 ``message.transaction()``. A body with ``"hold": true`` then waits, after the
@@ -15,6 +17,7 @@ so a test can stop or kill the process between the effect and the delete.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -63,3 +66,12 @@ def pay(message: sqsworker.Message) -> None:
         deadline = time.monotonic() + 60
         while not release.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
+
+
+@sqsworker.handler()
+def measure(message: sqsworker.Message) -> None:
+    """Appends "SHA256 BYTES" of the body it was given to $LEDGER: a large body arrives whole."""
+    data = message.body.encode()
+    line = f"{hashlib.sha256(data).hexdigest()} {len(data)}\n"
+    with open(os.environ["LEDGER"], "a") as ledger:
+        ledger.write(line)

@@ -106,6 +106,9 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
         "test_the_observability_page_queries_only_exported_metrics": [
             ("docs/observability.md", "sum by (queue)"),
         ],
+        "test_the_pointer_the_large_messages_page_shows_is_the_one_read": [
+            ("docs/large-messages.md", "PayloadS3Pointer"),
+        ],
     },
 }
 

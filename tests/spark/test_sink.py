@@ -12,9 +12,12 @@ from pyspark.sql import Row, SparkSession
 from spark_sink import SQSOptionError, SQSSendError
 from spark_sink.options import SinkOptions
 from spark_sink.sink import SQSStreamWriter
+from sqsworker import Message
 from sqsworker.local import LocalSQS
+from sqsworker.payloads import SIZE_ATTRIBUTE, Payloads
 from sqsworker.transports import Transport
 
+from ..conftest import unique
 from .conftest import drain, make_queue
 
 pytestmark = pytest.mark.spark
@@ -23,7 +26,7 @@ SCHEMA = "body string, group_id string, idempotency_key string"
 
 
 def write_rows(
-    spark: SparkSession, queue: Transport, rows: list[dict[str, str]], tmp: Path
+    spark: SparkSession, queue: Transport, rows: list[dict[str, str]], tmp: Path, **options: str
 ) -> None:
     """Stream ``rows`` (from JSON files) into ``queue`` through the sqs sink."""
     source = tmp / "rows"
@@ -35,6 +38,7 @@ def write_rows(
         .writeStream.format("sqs")
         .option("queue", queue.info.url)
         .option("checkpointLocation", str(tmp / "checkpoint"))
+        .options(**options)
         .trigger(availableNow=True)
         .start()
     )
@@ -91,12 +95,43 @@ def test_a_standard_queue_keeps_a_rows_group_as_a_fair_queues_tenant(aws: LocalS
         writer.write(iter([Row(body="b", group_id="ACME Corp")]))
 
 
+def test_bodies_over_the_threshold_go_to_s3_as_the_extended_clients_send_them(
+    spark: SparkSession, aws: LocalSQS, tmp_path: Path
+) -> None:
+    import boto3
+
+    bucket = unique("bodies")
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    queue = make_queue(aws, "frames")
+    rows = [{"body": f"{i}" + "f" * (300_000 if i % 2 else 10)} for i in range(6)]
+    write_rows(spark, queue, rows, tmp_path, payloadBucket=bucket, payloadThreshold="262144")
+    received = []
+    while batch := queue.receive(10, 0, 30):
+        received += batch
+    pointers = [m for m in received if SIZE_ATTRIBUTE in m.message_attributes]
+    assert len(pointers) == 3  # the large ones only
+    bodies = []
+    for envelope in received:
+        message = Message(envelope)
+        message.fetch_body(Payloads())
+        bodies.append(message.body)
+    assert sorted(bodies) == sorted(r["body"] for r in rows)
+
+
 def test_a_sink_without_what_it_needs_says_so(aws: LocalSQS) -> None:
     fifo = make_queue(aws, "orders.fifo")
     with pytest.raises(SQSOptionError, match="needs a string column 'body'"):
         SQSStreamWriter(SinkOptions(fifo.info.url), fifo.info, _schema("text"))
     with pytest.raises(SQSOptionError, match="needs a column 'group_id'"):
         SQSStreamWriter(SinkOptions(fifo.info.url), fifo.info, _schema("body"))
+    with pytest.raises(SQSOptionError, match="'payloadThreshold' needs 'payloadBucket'"):
+        SinkOptions.parse({"queue": "q", "payloadThreshold": "1000"})
+    with pytest.raises(SQSOptionError, match="'payloadBucket' must be an S3 bucket name"):
+        SinkOptions.parse({"queue": "q", "payloadBucket": "No Such"})
+    too_high = SinkOptions.parse({"queue": "q", "payloadBucket": "b-1", "payloadThreshold": "2000"})
+    small = make_queue(aws, "small", MaximumMessageSize="1024")
+    with pytest.raises(SQSOptionError, match=r"'payloadThreshold' \(2000\) is more than"):
+        SQSStreamWriter(too_high, small.info, _schema("body"))
 
 
 def _schema(*names: str):  # type: ignore[no-untyped-def]

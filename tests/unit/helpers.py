@@ -8,6 +8,7 @@ from typing import Any
 from sqsworker import Backoff, Message, Worker, WorkerConfig
 from sqsworker.clock import FakeClock
 from sqsworker.events import Observer, Observers, Tally
+from sqsworker.payloads import Payloads
 from sqsworker.stores import Store
 from sqsworker.transports import Transport, send_all
 from sqsworker.transports.memory import MemorySQS
@@ -41,6 +42,7 @@ class Rig:
         transport: Transport | None = None,
         observers: Sequence[Observer] = (),
         store: Store | None = None,
+        payloads: Payloads | None = None,
         queue: str = "jobs",
         **options: Any,
     ) -> None:
@@ -67,6 +69,7 @@ class Rig:
             observer=Observers([self.tally, *observers]),
             backoff=Backoff(2.0, 900.0, random.Random(7)),
             idempotency_store=store,
+            payloads=payloads,
         )
 
     def send(self, *bodies: str) -> None:

@@ -61,3 +61,13 @@ def test_the_iam_policy_file_is_the_one_the_deployment_page_shows() -> None:
         "dynamodb:UpdateItem",
         "dynamodb:DeleteItem",
     } <= actions
+
+
+def test_the_pointer_the_large_messages_page_shows_is_the_one_read() -> None:
+    from sqsworker.payloads import SIZE_ATTRIBUTE, Pointer, pointer_of
+
+    shown = snippet("docs/large-messages.md", "PayloadS3Pointer").text
+    size = {SIZE_ATTRIBUTE: {"DataType": "Number", "StringValue": "2000000"}}
+    assert pointer_of(shown, size) == Pointer(
+        "video-bodies", "0b6f5c1e-6f4b-4a57-9d0c-2f1f3c1d9a77"
+    )
