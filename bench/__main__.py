@@ -16,8 +16,9 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from bench.common import Finish
 from bench.spark import print_runs, source_throughput
@@ -72,14 +73,17 @@ def drain(
     metrics: bool = False,
     store: Store | None = None,
     groups: int = 0,
+    tracer: Any = None,
+    attributes: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Result:
-    """Send ``messages`` (round-robin over ``groups`` FIFO groups, if any) and drain them."""
+    """Send ``messages`` (round-robin over ``groups`` FIFO groups, if any; each with
+    ``attributes``) and drain them."""
     send_all(
         transport,
         [
             OutgoingMessage(f'{{"n": {i}}}', group_id=f"g{i % groups}", deduplication_id=str(i))
             if groups
-            else f'{{"n": {i}}}'
+            else OutgoingMessage(f'{{"n": {i}}}', attributes or {})
             for i in range(messages)
         ],
     )
@@ -103,6 +107,7 @@ def drain(
         transport=transport,
         observer=Observers(observers),
         idempotency_store=store,
+        tracer=tracer,
     )
     server = scraper = None
     if metrics:
@@ -165,6 +170,48 @@ def metrics_cost(messages: int, rounds: int) -> tuple[list[float], list[float]]:
         )
 
     return side_by_side(rounds, run)
+
+
+def tracing_cost(messages: int, rounds: int) -> tuple[list[float], list[float]]:
+    """Throughput with tracing off and on (OpenTelemetry's SDK, its batch span processor,
+    an exporter that drops the spans), on the in-memory SQS, no-op handlers, every
+    message carrying a producer's traceparent."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Discard(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Discard()))
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    attributes = {"traceparent": {"DataType": "String", "StringValue": parent}}
+    memory = MemorySQS()
+
+    def run(on: bool, queue: str) -> Result:
+        memory.create_queue(queue)
+        tracer = provider.get_tracer("bench") if on else None
+        transport = memory.transport(queue)
+        return drain(
+            queue,
+            transport,
+            memory.requests,
+            messages,
+            noop,
+            16,
+            tracer=tracer,
+            attributes=attributes,
+        )
+
+    try:
+        return side_by_side(rounds, run)
+    finally:
+        provider.shutdown()
 
 
 def idempotency_cost(messages: int, rounds: int) -> tuple[list[float], list[float]]:
@@ -236,6 +283,8 @@ def main() -> None:
     parser.add_argument("--slow-messages", type=int, default=2000)
     parser.add_argument("--metrics-messages", type=int, default=5000)
     parser.add_argument("--metrics-rounds", type=int, default=5)
+    parser.add_argument("--tracing-messages", type=int, default=5000)
+    parser.add_argument("--tracing-rounds", type=int, default=5)
     parser.add_argument("--idempotency-messages", type=int, default=2000)
     parser.add_argument("--idempotency-rounds", type=int, default=5)
     parser.add_argument("--fifo-per-group", type=int, default=40)
@@ -248,6 +297,7 @@ def main() -> None:
 
     off, on = metrics_cost(args.metrics_messages, args.metrics_rounds)
     no_store, sqlite = idempotency_cost(args.idempotency_messages, args.idempotency_rounds)
+    untraced, traced = tracing_cost(args.tracing_messages, args.tracing_rounds)
 
     results: list[Result] = []
     memory = MemorySQS()
@@ -296,6 +346,13 @@ def main() -> None:
         ("off", "on"),
         off,
         on,
+    )
+    print_side_by_side(
+        f"tracing cost (memory, no-op handlers, concurrency 16, {args.tracing_messages} msgs, "
+        f"{args.tracing_rounds} alternating rounds, OpenTelemetry SDK, spans dropped)",
+        ("off", "on"),
+        untraced,
+        traced,
     )
     print_side_by_side(
         f"idempotency cost (memory, 10 ms handlers, concurrency 16, ideal 1600 msg/s, "

@@ -32,6 +32,7 @@ from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from sqsworker import tracing
 from sqsworker.keys import KEY_ATTRIBUTE
 from sqsworker.payloads import Payloads
 from sqsworker.transports import GROUP_ID, MAX_BATCH, OutgoingMessage, QueueInfo
@@ -87,27 +88,39 @@ class SQSStreamWriter(DataSourceStreamWriter):
         payloads = None
         if self.options.payload_bucket is not None:
             payloads = Payloads(bucket=self.options.payload_bucket, region=self.options.region)
-        sent = 0
         try:
-            pending: list[OutgoingMessage] = []
-            size = 0
-            for index, record in enumerate(iterator):
-                message = self._message(record.asDict(), origin, index)
-                if payloads is not None:
-                    message = payloads.offload(message, self.threshold)
-                length = message.size
-                if pending and (
-                    len(pending) == MAX_BATCH or size + length > self.info.maximum_message_size
-                ):
-                    sent += _send(transport, pending)
-                    pending, size = [], 0
-                pending.append(message)
-                size += length
-            if pending:
-                sent += _send(transport, pending)
+            with tracing.producing(self.info.name, 0):
+                sent = self._send_rows(transport, iterator, origin, payloads)
         finally:
             transport.close()
+            tracing.flush()  # an executor's Python worker may be ended without a goodbye
         return Sent(sent)
+
+    def _send_rows(
+        self,
+        transport: SQSTransport,
+        iterator: Iterator[Row],
+        origin: str,
+        payloads: Payloads | None,
+    ) -> int:
+        sent = 0
+        pending: list[OutgoingMessage] = []
+        size = 0
+        for index, record in enumerate(iterator):
+            message = tracing.injected(self._message(record.asDict(), origin, index))
+            if payloads is not None:
+                message = payloads.offload(message, self.threshold)
+            length = message.size
+            if pending and (
+                len(pending) == MAX_BATCH or size + length > self.info.maximum_message_size
+            ):
+                sent += _send(transport, pending)
+                pending, size = [], 0
+            pending.append(message)
+            size += length
+        if pending:
+            sent += _send(transport, pending)
+        return sent
 
     def _message(self, values: dict[str, Any], origin: str, index: int) -> OutgoingMessage:
         body = values.get("body")

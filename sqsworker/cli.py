@@ -20,7 +20,7 @@ from types import FrameType
 import structlog
 from prometheus_client import CollectorRegistry
 
-from . import __version__, config, logs
+from . import __version__, config, logs, tracing
 from .errors import ConfigError, StartupError
 from .events import Observer, Observers, Tally
 from .metrics import Metrics
@@ -226,6 +226,7 @@ def run(
     finally:
         if server:
             server.stop()
+        tracing.shutdown()  # the spans still buffered go out before the process ends
 
 
 def local(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import operate
+from . import operate, tracing
 from .cli import EXIT_FORCED, EXIT_STARTUP, EXIT_USAGE, Signals, fail
 from .config import BUCKET_NAME
 from .errors import ConfigError, PayloadUnavailable, StartupError, TransportError
@@ -293,8 +293,10 @@ def _send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
             f"note: the {len(messages)} messages share the idempotency key "
             f"{args.idempotency_key!r}: a worker with an idempotency store runs one of them"
         )
-    with _progress(console, "sending", len(messages)) as advance:
-        report = operate.send(queue, messages, advance)
+    with tracing.producing(queue.info.name, len(messages)):
+        messages = [tracing.injected(m) for m in messages]
+        with _progress(console, "sending", len(messages)) as advance:
+            report = operate.send(queue, messages, advance)
     for index, code, text in report.failed:
         console.print(f"message {index} was not sent: {code}: {text}")
     console.print(f"sent {_messages(report.sent)} to {queue.info.name}", end="")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from . import tracing
 from .errors import Reject
 from .events import Observer
 from .lanes import HANDED_BACK_BEHIND
@@ -37,6 +38,7 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     as_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        tracing.log_fields,  # trace_id and span_id, when a span is current
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True)
         if as_json

@@ -19,10 +19,11 @@ import math
 import threading
 import uuid
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from . import tracing
 from .clock import Clock, SystemClock
 from .config import WorkerConfig
 from .errors import (
@@ -66,10 +67,13 @@ class Worker:
         backoff: Backoff | None = None,
         idempotency_store: Store | None = None,
         payloads: Payloads | None = None,
+        tracer: Any = None,
     ) -> None:
         self.handler = as_handler(handler)
         self.config = config or WorkerConfig(**self.handler.options)
         self.clock: Clock = clock or SystemClock()
+        # OpenTelemetry (sqsworker[otel], set up from OTEL_*): None when off.
+        self.tracer = tracer if tracer is not None else tracing.tracer()
         # Offloaded bodies: fetched from S3 on the handler thread before the handler runs.
         self.payloads = payloads or Payloads(
             bucket=self.config.payload_bucket, region=self.config.region
@@ -524,6 +528,13 @@ class Worker:
         if not self.keeper.begin(held):
             self.observer.handler_skipped(message, "its lease was lost while it waited to start")
             return False
+        with tracing.consuming(self.tracer, message):
+            return self._run(held)
+
+    def _run(self, held: Held) -> bool:
+        """``_process`` from the start on: inside the message's consumer span, if traced."""
+        assert self.keeper is not None
+        message = held.message
         started = self.clock.monotonic()
         try:
             message.fetch_body(self.payloads)  # an offloaded body, before the key is derived
@@ -539,6 +550,7 @@ class Worker:
                 return verdict is Verdict.BUSY
             if not self.keeper.still_running(held):  # the claim took longer than the lease
                 self._release_claim(message)
+                self._traced("skipped")
                 self.observer.handler_skipped(
                     message, "its lease ran out while its idempotency key was being claimed"
                 )
@@ -566,6 +578,7 @@ class Worker:
             self._complete_claim(message)
             self._done_with_body(message)
             self.keeper.succeed(held, urgent=self._blocks_its_group(held))
+            self._traced("succeeded")
             self.observer.handler_succeeded(message, self.clock.monotonic() - started)
         return False
 
@@ -600,6 +613,7 @@ class Worker:
         if verdict is Verdict.DUPLICATE:
             self._done_with_body(message)
             self.keeper.succeed(held, urgent=self._blocks_its_group(held))
+            self._traced("duplicate")
             self.observer.duplicate_suppressed(message)
         elif verdict is Verdict.BUSY:
             # Held, not returned: a return would use up a receive, and a duplicate that
@@ -638,6 +652,11 @@ class Worker:
         except Exception as exc:  # the claim lapses with its lease instead
             self.observer.store_failed("release", exc)
 
+    def _traced(self, outcome: str, error: BaseException | None = None, **details: Any) -> None:
+        """The outcome on the message's consumer span, when traced."""
+        if self.tracer is not None:
+            tracing.record(outcome, error, **details)
+
     def _done_with_body(self, message: Message) -> None:
         """The message is handled (or dropped as a duplicate): with --delete-payloads, its
         offloaded body goes once SQS deleted it. A rejected one's is kept: the copy in the
@@ -667,6 +686,7 @@ class Worker:
             delay = self.backoff.delay(message.receive_count)
         self.keeper.release(held, delay, "retry")
         duration = self.clock.monotonic() - started
+        self._traced("failed", exc, retry_in=delay, last_attempt=last)
         if isinstance(exc, Retry):
             self.observer.handler_retry_requested(message, exc, duration, delay, last)
         else:
@@ -689,6 +709,7 @@ class Worker:
             self.keeper.release(
                 held, self.config.backoff_max, "rejected without a dead-letter queue"
             )
+            self._traced("rejected", exc, kept_for=self.config.backoff_max)
             self.observer.handler_rejected(message, exc, duration, None)
             return
         try:
@@ -699,10 +720,12 @@ class Worker:
             last = self._last_attempt(message)
             retry_in = 0.0 if last else self.backoff.delay(message.receive_count)
             self.keeper.release(held, retry_in, "retry")
+            self._traced("failed", error, retry_in=retry_in, last_attempt=last)
             self.observer.rejected_copy_failed(message, exc, duration, retry_in, last)
             return
         # At once: until this delete, a crash leaves the original to be copied again.
         self.keeper.succeed(held, urgent=True)
+        self._traced("rejected", exc, dead_letter_queue=dlq.info.name)
         self.observer.handler_rejected(message, exc, duration, dlq.info.name)
 
     def _dead_letters(self, arn: str) -> Transport:

@@ -187,6 +187,35 @@ def _sample(field: str) -> str:
     return samples.get(field, "5")
 
 
+def test_tracing_values_become_opentelemetrys_own_variables() -> None:
+    def otel_env(*args: str) -> dict[str, str]:
+        pod = kinds(render(*REQUIRED, *args))["Deployment"]["spec"]["template"]["spec"]
+        env = pod["containers"][0]["env"]
+        return {e["name"]: e["value"] for e in env if e["name"].startswith("OTEL_")}
+
+    assert otel_env() == {}  # off unless asked for
+    endpoint = "http://otel-collector.observability:4318"
+    assert otel_env("--set", f"tracing.endpoint={endpoint}") == {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_SERVICE_NAME": "orders-sqsworker",  # the release's, when not named
+    }
+    chosen = otel_env(
+        *("--set", f"tracing.endpoint={endpoint}", "--set", "tracing.serviceName=orders"),
+        *(
+            "--set",
+            "tracing.sampler=parentbased_traceidratio",
+            "--set-string",
+            "tracing.samplerArg=0.1",
+        ),
+    )
+    assert chosen == {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_SERVICE_NAME": "orders",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.1",
+    }
+
+
 @pytest.mark.parametrize(
     ("settings", "expected"),
     [
@@ -268,6 +297,9 @@ def bad(*args: str) -> Iterator[str]:
         ([*REQUIRED, "--set", "worker.concurrency=-4"], "worker.concurrency"),
         ([*REQUIRED, "--set", "worker.idempotencyStore=redis://x"], "worker.idempotencyStore"),
         ([*REQUIRED, "--set", "worker.onKeyConflict=ignore"], "worker.onKeyConflict"),
+        ([*REQUIRED, "--set", "worker.payloadBucket=Not_A_Bucket"], "worker.payloadBucket"),
+        ([*REQUIRED, "--set", "tracing.endpoint=collector:4318"], "tracing.endpoint"),
+        ([*REQUIRED, "--set", "tracing.sampler=sometimes"], "tracing.sampler"),
         ([*REQUIRED, "--set", "worker.handler=not-an-import-string"], "worker.handler"),
         ([*REQUIRED, "--set", "worker.visibilitytimeout=60"], "visibilitytimeout"),  # a typo
         (

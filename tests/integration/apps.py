@@ -8,6 +8,8 @@ take; kind "fail" always raises, "fail_once" raises on the first receive.
 
 ``measure``: appends the SHA-256 and the length of the body it was given to $LEDGER.
 
+``traced``: opens a span of its own (OpenTelemetry) and logs a line inside it.
+
 ``pay``: a transactional handler. It inserts one row per run into the table
 ``effects`` of the idempotency store's own database (SQLite or PostgreSQL), inside
 ``message.transaction()``. A body with ``"hold": true`` then waits, after the
@@ -75,3 +77,12 @@ def measure(message: sqsworker.Message) -> None:
     line = f"{hashlib.sha256(data).hexdigest()} {len(data)}\n"
     with open(os.environ["LEDGER"], "a") as ledger:
         ledger.write(line)
+
+
+@sqsworker.handler()
+def traced(message: sqsworker.Message) -> None:
+    """Opens a span of its own, as a handler calling an instrumented client would."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("tests.apps").start_as_current_span("charge card"):
+        message.log.info("charging the card")

@@ -138,3 +138,28 @@ def _schema(*names: str):  # type: ignore[no-untyped-def]
     from pyspark.sql.types import StringType, StructField, StructType
 
     return StructType([StructField(n, StringType()) for n in names])
+
+
+def test_a_task_sends_its_rows_in_a_producer_span_whose_context_they_carry(
+    aws: LocalSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from sqsworker import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
+    monkeypatch.setattr(tracing, "_configured", True)
+    queue = make_queue(aws, "traced")
+    writer = SQSStreamWriter(SinkOptions(queue.info.url), queue.info, _schema("body"))
+    assert writer.write(iter([Row(body="a"), Row(body="b")])).messages == 2
+    (span,) = exporter.get_finished_spans()
+    assert span.name == f"send {queue.info.name}"
+    received = queue.receive(10, 0, 30)
+    parents = {m.message_attributes["traceparent"]["StringValue"][:52] for m in received}
+    assert parents == {f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}"}
+    provider.shutdown()

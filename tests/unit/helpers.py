@@ -43,6 +43,7 @@ class Rig:
         observers: Sequence[Observer] = (),
         store: Store | None = None,
         payloads: Payloads | None = None,
+        tracer: Any = None,
         queue: str = "jobs",
         **options: Any,
     ) -> None:
@@ -70,6 +71,7 @@ class Rig:
             backoff=Backoff(2.0, 900.0, random.Random(7)),
             idempotency_store=store,
             payloads=payloads,
+            tracer=tracer,
         )
 
     def send(self, *bodies: str) -> None:
