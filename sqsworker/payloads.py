@@ -105,7 +105,14 @@ class Payloads:
                 self._client = boto3.client(
                     "s3",
                     region_name=self._region,
-                    config=Config(retries={"mode": "standard"}, max_pool_connections=50),
+                    # A fetch runs on a handler thread whose lease is being renewed: bounded,
+                    # it ends in a failure that is retried rather than a thread held forever.
+                    config=Config(
+                        retries={"mode": "standard"},
+                        max_pool_connections=50,
+                        connect_timeout=10,
+                        read_timeout=60,
+                    ),
                 )
             return self._client
 

@@ -628,6 +628,7 @@ class Worker:
             if closing:
                 self.keeper.hand_back([held])
                 return None
+            self._traced("deferred", retry_in=retry_in)
             self.observer.duplicate_deferred(message, retry_in)
         return verdict
 
