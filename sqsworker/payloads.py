@@ -53,13 +53,18 @@ class Pointer:
         return f"s3://{self.bucket}/{self.key}"
 
 
+def is_offloaded(message_attributes: Mapping[str, Any]) -> bool:
+    """True when a message says its body is in S3: it has the size attribute."""
+    return SIZE_ATTRIBUTE in message_attributes or LEGACY_SIZE_ATTRIBUTE in message_attributes
+
+
 def pointer_of(body: str, message_attributes: Mapping[str, Any]) -> Pointer | None:
     """Where an offloaded message's body is; None for a message that carries its body.
 
     A message is offloaded when it has the size attribute; then a body that is not a
     pointer raises ``PayloadMissing``.
     """
-    if SIZE_ATTRIBUTE not in message_attributes and LEGACY_SIZE_ATTRIBUTE not in message_attributes:
+    if not is_offloaded(message_attributes):
         return None
     try:
         kind, place = json.loads(body)

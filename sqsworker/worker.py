@@ -41,7 +41,7 @@ from .health import Health, Progress
 from .idempotency import Idempotency, Verdict
 from .lanes import HANDED_BACK_BEHIND, Lanes, Line
 from .lease import MAX_SENDERS, Held, LeaseKeeper
-from .payloads import Payloads, RemoveAfterDelete
+from .payloads import Payloads, RemoveAfterDelete, is_offloaded
 from .policies import Backoff
 from .transports import MAX_BATCH, OutgoingMessage, Transport, send_all
 
@@ -536,14 +536,21 @@ class Worker:
         assert self.keeper is not None
         message = held.message
         started = self.clock.monotonic()
-        try:
-            message.fetch_body(self.payloads)  # an offloaded body, before the key is derived
-        except Reject as exc:
-            self._reject(held, exc, started)
-            return False
-        except PayloadUnavailable as exc:
-            self._fail(held, exc, started, delay=None)
-            return False
+        if is_offloaded(message.raw_message_attributes):
+            try:
+                message.fetch_body(self.payloads)  # before the key is derived from the body
+            except Reject as exc:
+                self._reject(held, exc, started)
+                return False
+            except PayloadUnavailable as exc:
+                self._fail(held, exc, started, delay=None)
+                return False
+            if not self.keeper.still_running(held):  # the fetch took longer than the lease
+                self._traced("skipped")
+                self.observer.handler_skipped(
+                    message, "its lease ran out while its body was fetched from S3"
+                )
+                return False
         if self.idempotency:
             verdict = self._admit(held, started)
             if verdict is not Verdict.RUN:

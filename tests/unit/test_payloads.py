@@ -243,3 +243,20 @@ def test_an_idempotency_key_from_the_body_reads_the_offloaded_body(
     rig.wait_for("deleted", 1)
     assert rig.stop() == 0
     assert seen == ["o-7"]
+
+
+def test_a_fetch_that_outlasts_the_lease_does_not_run_the_handler(
+    memory: MemorySQS, clock: FakeClock, s3: Any
+) -> None:
+    class Slow(Payloads):
+        def fetch(self, pointer: Pointer) -> str:
+            clock.advance(60)  # S3 took a minute; the lease was 10 s, never renewed meanwhile
+            return super().fetch(pointer)
+
+    ran = threading.Event()
+    rig = Rig(memory, clock, lambda m: ran.set(), payloads=Slow(client=s3))
+    send_all(rig.queue, [offloaded(s3, "g" * 50)])
+    rig.worker.start()
+    rig.wait_for("skipped", 1)
+    assert rig.stop() == 0
+    assert not ran.is_set()
