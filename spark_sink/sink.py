@@ -93,6 +93,8 @@ class SQSStreamWriter(DataSourceStreamWriter):
                 sent = self._send_rows(transport, iterator, origin, payloads)
         finally:
             transport.close()
+            if payloads is not None:
+                payloads.close()
             tracing.flush()  # an executor's Python worker may be ended without a goodbye
         return Sent(sent)
 

@@ -280,11 +280,14 @@ def _send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("there was no message to send: the input had no bodies")
     if threshold is not None:
         payloads = Payloads(bucket=args.payload_bucket, region=args.region)
-        with _progress(console, "offloading", len(messages)) as advance:
-            offloaded = []
-            for message in messages:
-                offloaded.append(payloads.offload(message, threshold))
-                advance(1)
+        try:
+            with _progress(console, "offloading", len(messages)) as advance:
+                offloaded = []
+                for message in messages:
+                    offloaded.append(payloads.offload(message, threshold))
+                    advance(1)
+        finally:
+            payloads.close()
         if moved := sum(m is not o for m, o in zip(messages, offloaded, strict=True)):
             console.print(f"put {moved} of {len(messages)} bodies in s3://{args.payload_bucket}")
         messages = offloaded

@@ -97,6 +97,7 @@ class Payloads:
         self.bucket = bucket
         self._region = region
         self._client = client
+        self._owns_client = client is None
         self._lock = threading.Lock()
         self._remover: ThreadPoolExecutor | None = None
 
@@ -182,11 +183,16 @@ class Payloads:
             )
 
     def close(self) -> None:
-        """Wait for the removals asked for (each one S3 request)."""
+        """Wait for the removals asked for (each one S3 request), then close the client
+        made here."""
         with self._lock:
             remover, self._remover = self._remover, None
         if remover is not None:
             remover.shutdown(wait=True)
+        with self._lock:
+            client, self._client = (self._client, None) if self._owns_client else (None, None)
+        if client is not None:
+            client.close()
 
     # -- the sender's side -----------------------------------------------------------------
 

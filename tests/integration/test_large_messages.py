@@ -54,6 +54,14 @@ def extended_client(env: dict[str, str], *argv: str) -> str:
     return done.stdout.strip()
 
 
+def make_bucket(name: str) -> None:
+    s3 = boto3.client("s3")
+    try:
+        s3.create_bucket(Bucket=name)
+    finally:
+        s3.close()
+
+
 def digest(text: str) -> str:
     data = text.encode()
     return f"{hashlib.sha256(data).hexdigest()} {len(data)}"
@@ -66,7 +74,7 @@ def test_large_bodies_pass_both_ways_between_sqsworker_and_the_extended_client(
     for key, value in local_sqs.env().items():
         monkeypatch.setenv(key, value)
     bucket = unique("bodies")
-    boto3.client("s3").create_bucket(Bucket=bucket)
+    make_bucket(bucket)
     queue = unique("videos")
     url = local_sqs.create_queue(queue)
     ours = json.dumps({"frames": "a" * 1_500_000})  # over the queue's 1 MiB
@@ -101,7 +109,7 @@ def test_send_offloads_only_over_the_threshold_and_refuses_what_cannot_go(
     for key, value in local_sqs.env().items():
         monkeypatch.setenv(key, value)
     bucket = unique("bodies")
-    boto3.client("s3").create_bucket(Bucket=bucket)
+    make_bucket(bucket)
     queue = unique("videos")
     local_sqs.create_queue(queue)
     args = ["send", queue, "x" * 100, "y" * 5000, "--payload-bucket", bucket]

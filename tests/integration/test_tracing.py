@@ -78,6 +78,7 @@ def collector() -> Iterator[Collector]:
     made = Collector()
     yield made
     made.server.shutdown()
+    made.server.server_close()
 
 
 def otel_env(local_sqs: LocalSQS, collector: Collector, service: str) -> dict[str, str]:

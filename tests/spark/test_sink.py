@@ -101,7 +101,9 @@ def test_bodies_over_the_threshold_go_to_s3_as_the_extended_clients_send_them(
     import boto3
 
     bucket = unique("bodies")
-    boto3.client("s3").create_bucket(Bucket=bucket)
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    s3.close()
     queue = make_queue(aws, "frames")
     rows = [{"body": f"{i}" + "f" * (300_000 if i % 2 else 10)} for i in range(6)]
     write_rows(spark, queue, rows, tmp_path, payloadBucket=bucket, payloadThreshold="262144")
@@ -111,10 +113,12 @@ def test_bodies_over_the_threshold_go_to_s3_as_the_extended_clients_send_them(
     pointers = [m for m in received if SIZE_ATTRIBUTE in m.message_attributes]
     assert len(pointers) == 3  # the large ones only
     bodies = []
+    payloads = Payloads()
     for envelope in received:
         message = Message(envelope)
-        message.fetch_body(Payloads())
+        message.fetch_body(payloads)
         bodies.append(message.body)
+    payloads.close()
     assert sorted(bodies) == sorted(r["body"] for r in rows)
 
 

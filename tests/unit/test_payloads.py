@@ -224,6 +224,7 @@ def test_an_unreachable_s3_is_a_failure_retried_after_the_backoff(
     assert rig.stop() == 0
     assert not ran.is_set() and rig.count("rejected") == 0
     assert rig.queue.counts().total == 1  # back in the queue after the backoff
+    dead.close()
 
 
 def test_an_idempotency_key_from_the_body_reads_the_offloaded_body(
