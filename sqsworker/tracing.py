@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,16 @@ def tracer() -> Any:
 def _from_environment() -> Any:
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
+    wanted = any(
+        os.environ.get(name)
+        for name in (
+            "OTEL_TRACES_EXPORTER",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        )
+    )
+    if not wanted and "opentelemetry.trace" not in sys.modules:
+        return None  # nothing asked for it, and no provider can have been set: no import
     try:
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
@@ -59,14 +70,6 @@ def _from_environment() -> Any:
         return None
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
-        wanted = any(
-            os.environ.get(name)
-            for name in (
-                "OTEL_TRACES_EXPORTER",
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            )
-        )
         if not wanted:
             return None
         provider = _provider()

@@ -694,10 +694,11 @@ class Worker:
             delay = self.backoff.delay(message.receive_count)
         self.keeper.release(held, delay, "retry")
         duration = self.clock.monotonic() - started
-        self._traced("failed", exc, retry_in=delay, last_attempt=last)
-        if isinstance(exc, Retry):
+        if isinstance(exc, Retry):  # the handler's decision, not a fault
+            self._traced("retry requested", retry_in=delay, reason=str(exc))
             self.observer.handler_retry_requested(message, exc, duration, delay, last)
         else:
+            self._traced("failed", exc, retry_in=delay, last_attempt=last)
             self.observer.handler_failed(message, exc, duration, delay, last)
 
     def _last_attempt(self, message: Message) -> bool:

@@ -165,3 +165,39 @@ def test_without_a_tracer_the_worker_records_nothing_and_logs_carry_no_ids(
     rig.wait_for("deleted", 1)
     assert rig.stop() == 0
     assert seen == {}
+
+
+def test_a_retry_the_handler_asks_for_is_an_event_not_an_error(
+    memory: MemorySQS, clock: FakeClock, spans: Any
+) -> None:
+    from sqsworker import Retry
+
+    provider, exporter = spans
+
+    def later(message: Message) -> None:
+        raise Retry(30, "the warehouse is closed")
+
+    rig = Rig(memory, clock, later, tracer=provider.get_tracer("sqsworker"))
+    rig.send("order")
+    rig.worker.start()
+    rig.wait_for("retry_requested", 1)
+    assert rig.stop() == 0
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes["sqsworker.outcome"] == "retry requested"
+    assert span.status.status_code is StatusCode.UNSET
+    assert [e.name for e in span.events] == ["retry requested"]
+    assert span.events[0].attributes == {"retry_in": 30, "reason": "the warehouse is closed"}
+
+
+def test_without_otel_variables_tracing_imports_nothing() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from sqsworker import tracing; "
+        "assert tracing.tracer() is None; print('opentelemetry' in sys.modules)"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr
