@@ -22,6 +22,8 @@ class SourceOptions:
     num_partitions: int = 2
     visibility_timeout: int = 120
     wait_time_seconds: int = 1
+    # Offloaded bodies are fetched from S3; given, the only bucket they are fetched from.
+    payload_bucket: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -46,6 +48,7 @@ class SourceOptions:
         return cls(
             queue=queue,
             wal_path=wal_path,
+            payload_bucket=_bucket(given),
             region=given.get("region") or None,
             endpoint_url=given.get("endpointurl") or None,
             max_messages_per_batch=_int(given, "maxMessagesPerBatch", 1000, 1, 1_000_000),
@@ -68,12 +71,7 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         given = {k.lower(): v for k, v in options.items()}
-        bucket = (given.get("payloadbucket") or "").strip() or None
-        if bucket is not None and not BUCKET_NAME.match(bucket):
-            raise SQSOptionError(
-                f"the sqs option 'payloadBucket' must be an S3 bucket name (3-63 lowercase "
-                f"letters, digits, dots and hyphens); got {bucket!r}"
-            )
+        bucket = _bucket(given)
         threshold = None
         if "payloadthreshold" in given:
             if bucket is None:
@@ -89,6 +87,16 @@ class SinkOptions:
             payload_bucket=bucket,
             payload_threshold=threshold,
         )
+
+
+def _bucket(given: Mapping[str, str]) -> str | None:
+    bucket = (given.get("payloadbucket") or "").strip() or None
+    if bucket is not None and not BUCKET_NAME.match(bucket):
+        raise SQSOptionError(
+            f"the sqs option 'payloadBucket' must be an S3 bucket name (3-63 lowercase "
+            f"letters, digits, dots and hyphens); got {bucket!r}"
+        )
+    return bucket
 
 
 def _required(given: Mapping[str, str], name: str, what: str, example: str) -> str:

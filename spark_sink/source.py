@@ -54,10 +54,11 @@ from pyspark.sql.types import (
 )
 
 from sqsworker.clock import SystemClock
-from sqsworker.errors import SQSWorkerError
+from sqsworker.errors import PayloadMissing, SQSWorkerError
 from sqsworker.lease import Held, LeaseKeeper
 from sqsworker.logs import LogObserver
 from sqsworker.message import Message
+from sqsworker.payloads import Payloads, is_offloaded
 from sqsworker.transports import MAX_BATCH, Envelope, QueueInfo
 from sqsworker.transports.sqs import SQSTransport
 
@@ -77,6 +78,7 @@ SCHEMA = StructType(
         StructField("deduplication_id", StringType(), True),
     ]
 )
+PAYLOAD_ERROR = "sqsworker.payload_error"  # the attribute of a row whose body is not in S3
 WATCH_EVERY = 0.5  # seconds between the driver's looks for new log files, when none is due
 WATCH_DUE = 0.02  # ... while a planned partition's file is not there yet
 DUE_FOR = 120.0  # seconds a planned file is looked for that often; then every WATCH_EVERY
@@ -205,7 +207,9 @@ class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, SQSPartition)
         slot = receive_or_replay(partition)
-        return (row(envelope) for envelope in slot.messages)
+        if not any(is_offloaded(e.message_attributes) for e in slot.messages):
+            return (row(envelope) for envelope in slot.messages)
+        return _fetched_rows(slot, partition.options)
 
 
 def receive_or_replay(partition: SQSPartition) -> Slot:
@@ -257,8 +261,29 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
         transport.close()
 
 
-def row(envelope: Envelope) -> tuple[Any, ...]:
+def _fetched_rows(slot: Slot, options: SourceOptions) -> Iterator[tuple[Any, ...]]:
+    """The slot's rows, offloaded bodies fetched from S3 (the log keeps the pointers, so a
+    replay fetches again). A body that cannot be had is a row all the same, its pointer as
+    the body and the reason in ``attributes["sqsworker.payload_error"]``: the batch, and
+    the query, go on. S3 not answering fails the task, which Spark tries again."""
+    payloads = Payloads(bucket=options.payload_bucket, region=options.region)
+    try:
+        for envelope in slot.messages:
+            message = Message(envelope)
+            try:
+                message.fetch_body(payloads)
+            except PayloadMissing as exc:
+                yield row(envelope, error=str(exc))
+                continue
+            yield row(envelope, body=message.body)
+    finally:
+        payloads.close()
+
+
+def row(envelope: Envelope, body: str | None = None, error: str | None = None) -> tuple[Any, ...]:
     attributes = dict(envelope.attributes)
+    if error is not None:
+        attributes[PAYLOAD_ERROR] = error
     sent = attributes.get("SentTimestamp")
     user: dict[str, str] = {}
     for name, value in envelope.message_attributes.items():
@@ -269,7 +294,7 @@ def row(envelope: Envelope) -> tuple[Any, ...]:
         user[name] = str(text)
     return (
         envelope.message_id,
-        envelope.body,
+        envelope.body if body is None else body,
         attributes,
         user,
         envelope.receive_count,

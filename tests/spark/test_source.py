@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -229,3 +230,37 @@ def test_bad_options_stop_the_query_at_start_with_one_sentence(
         )
         query.awaitTermination(60)
     assert sentence in str(raised.value)
+
+
+def test_offloaded_bodies_are_read_from_s3_and_a_missing_one_is_a_row_that_says_why(
+    spark: SparkSession, aws: LocalSQS, tmp_path: Path
+) -> None:
+    import boto3
+
+    from sqsworker.payloads import Payloads
+    from sqsworker.transports import OutgoingMessage
+
+    from ..conftest import unique
+
+    bucket = unique("frames")
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    queue = make_queue(aws, "frames")
+    payloads = Payloads(bucket=bucket)
+    big = [f"{i}" + "f" * 300_000 for i in range(3)]
+    offloaded = [payloads.offload(OutgoingMessage(body), 0) for body in big]
+    payloads.close()
+    gone = offloaded[0]
+    s3.delete_object(Bucket=bucket, Key=json.loads(gone.body)[1]["s3Key"])
+    s3.close()
+    send_all(queue, [*offloaded, "small"])
+    run(spark, queue, tmp_path, write_once(str(tmp_path / "out")), payloadBucket=bucket)
+    output = read_output(spark, str(tmp_path / "out"))
+    assert output is not None
+    rows = {r.body[:1]: r for r in output.collect()}
+    assert rows["s"].body == "small"
+    assert {rows["1"].body, rows["2"].body} == {big[1], big[2]}  # fetched whole
+    missing = rows["["]  # the pointer, as SQS holds it
+    assert missing.body == gone.body
+    assert "gone from S3 (NoSuchKey)" in missing.attributes["sqsworker.payload_error"]
+    assert queue.counts().total == 0  # every message deleted: the query went on
