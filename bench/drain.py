@@ -1,4 +1,4 @@
-"""``python -m bench.drain noop|sleep100|sleepN MESSAGES [--latency-ms MS] [--concurrency C]``:
+"""``python -m bench.drain noop|sleepN|asleepN MESSAGES [--latency-ms MS] [--concurrency C]``:
 one drain, as JSON.
 
 A worker (concurrency 16 unless told, burst mode) drains MESSAGES from the in-memory SQS,
@@ -7,7 +7,9 @@ requests per message (all, and busy: receives that returned messages, deletes an
 renewals), seconds from the last delete to the worker's exit, the process's CPU time
 per message (every thread, the in-memory SQS's included; ``--metrics`` adds the
 Prometheus metrics as ``sqsworker run`` has them), and the folder sqsworker was
-imported from. ``sleepN`` handlers sleep N ms. ``--idle S`` instead runs a
+imported from, the process's peak resident memory and its most threads at once. ``sleepN``
+handlers sleep N ms on their thread; ``asleepN`` handlers are ``async def`` and await
+``asyncio.sleep`` for N ms, as coroutines on the worker's event loop. ``--idle S`` instead runs a
 worker (not in burst mode, default --wait-time) on an empty queue for S seconds, then stops
 it: requests per minute, and seconds from the stop request to the exit. ``bench.versus``
 and ``bench.grid`` run it against two versions of sqsworker, so it uses only API that
@@ -17,11 +19,15 @@ both have.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import resource
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import sqsworker
 from sqsworker import Message, Worker, WorkerConfig
@@ -44,9 +50,22 @@ def sleep100(message: Message) -> None:
 HANDLERS: dict[str, Callable[[Message], None]] = {"noop": noop, "sleep100": sleep100}
 
 
-def handler_named(name: str) -> Callable[[Message], None]:
+def handler_named(name: str) -> Callable[[Message], Any]:
     if name in HANDLERS:
         return HANDLERS[name]
+    if name == "anoop":
+
+        async def anoop(message: Message) -> None:
+            pass
+
+        return anoop
+    if name.startswith("asleep") and name[6:].isdigit():
+        pause = int(name[6:]) / 1000
+
+        async def awaits(message: Message) -> None:
+            await asyncio.sleep(pause)
+
+        return awaits
     if name.startswith("sleep") and name[5:].isdigit():
         seconds = int(name[5:]) / 1000
 
@@ -54,7 +73,7 @@ def handler_named(name: str) -> Callable[[Message], None]:
             time.sleep(seconds)
 
         return sleeper
-    raise SystemExit(f"unknown handler {name!r}: noop, or sleepN for N ms")
+    raise SystemExit(f"unknown handler {name!r}: noop, or sleepN or asleepN for N ms")
 
 
 def main() -> None:
@@ -99,8 +118,17 @@ def main() -> None:
     )
     if args.metrics:
         metrics.watch(worker)
+    threads = [threading.active_count()]
+    counting = threading.Event()
+
+    def count_threads() -> None:
+        while not counting.wait(0.05):
+            threads[0] = max(threads[0], threading.active_count())
+
+    threading.Thread(target=count_threads, daemon=True).start()
     worker.run()
     ended = time.perf_counter()
+    counting.set()
     cpu = time.process_time() - cpu
     assert finish.at is not None, "not every message was deleted"
     requests = memory.requests - before
@@ -117,6 +145,8 @@ def main() -> None:
         "exit_after_last_delete": ended - finish.at,
         "cpu_us_per_message": cpu / args.messages * 1e6,
         "sqsworker": str(Path(sqsworker.__file__).parent),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_threads": threads[0],
     }
     print(json.dumps(result))
 

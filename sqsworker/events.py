@@ -107,6 +107,13 @@ class Observer:
     def store_failed(self, operation: str, error: BaseException) -> None:
         """A call to the idempotency store failed (claim, renew, complete, release)."""
 
+    def loop_blocked(self, seconds: float, where: str) -> None:
+        """An async handler has blocked the event loop for ``seconds`` so far; ``where``
+        is the code the loop thread is running."""
+
+    def loop_unblocked(self, seconds: float) -> None:
+        """The event loop runs again after a stall of about ``seconds``."""
+
     def shutdown_started(self, waiting: int, running: int) -> None: ...
 
     def receives_awaited(self, receives: int, seconds: float) -> None:

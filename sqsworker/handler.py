@@ -1,4 +1,8 @@
-"""``@sqsworker.handler``: a function of one ``Message``, with its worker options."""
+"""``@sqsworker.handler``: a function of one ``Message``, with its worker options.
+
+The function is a plain ``def`` (run on a pool of handler threads) or an ``async def``
+(run as coroutines on the worker's event loop thread).
+"""
 
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ class Handler:
         if problem:
             raise HandlerShapeError(problem)
         self.func = func
+        self.is_async = _is_async(func)  # run as a coroutine on the worker's event loop
         self.options = dict(options)
         self.name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}"
         functools.update_wrapper(self, func)
@@ -47,6 +52,9 @@ class Handler:
 
 def handler(queue: str | None = None, **options: Any) -> Callable[[HandlerFunc], Handler]:
     """Mark ``func(message)`` as a handler. Returning normally means success.
+
+    ``func`` may be an ``async def``: it then runs on the worker's event loop, with
+    ``concurrency`` counting coroutines instead of threads.
 
     ``queue`` is a queue name or URL; the other options are those of ``sqsworker run``
     (``concurrency``, ``visibility_timeout``, ``non_retryable``, ...). The command line
@@ -99,16 +107,9 @@ def _shape_problem(func: object) -> str | None:
     runs = inner if inspect.isroutine(inner) else type(inner).__call__
     if inspect.isasyncgenfunction(inner) or inspect.isasyncgenfunction(runs):
         return (
-            f"handler {_name(runs)} is an async generator function, and async handlers are "
-            "not supported yet: write it as a plain def without yield (calling asyncio.run(...) "
-            "inside it if it must await)"
-        )
-    if inspect.iscoroutinefunction(inner) or inspect.iscoroutinefunction(runs):
-        culprit = inner if inspect.iscoroutinefunction(inner) else runs
-        return (
-            f"handler {_name(culprit)} is an async def function, and async handlers are not "
-            "supported yet: write it as a plain def (calling asyncio.run(...) inside it if it "
-            "must await)"
+            f"handler {_name(runs)} is an async generator function (it contains yield), so "
+            "calling it returns an async iterator without running its body: write it as an "
+            "async def without yield that does the work and returns"
         )
     if inspect.isgeneratorfunction(inner) or inspect.isgeneratorfunction(runs):
         return (
@@ -128,6 +129,16 @@ def _shape_problem(func: object) -> str | None:
             f"{_bare(signature)}): {_one_argument_fix(func)}"
         )
     return None
+
+
+def _is_async(func: object) -> bool:
+    """True when calling ``func`` returns a coroutine to run: an ``async def``, a partial of
+    one, or an instance whose ``__call__`` is one (or is marked as one)."""
+    inner: object = func
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    runs = inner if inspect.isroutine(inner) else type(inner).__call__
+    return inspect.iscoroutinefunction(inner) or inspect.iscoroutinefunction(runs)
 
 
 def _bare(signature: inspect.Signature) -> inspect.Signature:

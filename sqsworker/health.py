@@ -51,6 +51,10 @@ class Health:
     handlers_alive: int = 0  # handler threads still running their loop
     handlers: int = 0  # how many were started
     claims_alive: bool | None = None  # the idempotency claim keeper; None: no store
+    # An async handler's event loop: seconds it has been blocked (None: no loop), and
+    # how long it may be before the worker counts as stuck (--stall-timeout).
+    loop_blocked: float | None = None
+    loop_allowance: float = math.inf
 
     @property
     def live(self) -> bool:
@@ -62,7 +66,8 @@ class Health:
         lease_ok = (self.stopping or self.lease_alive) and self.lease_overdue == 0
         handlers_ok = self.stopping or self.handlers_alive >= self.handlers
         claims_ok = self.stopping or self.claims_alive is not False
-        return receiver_ok and lease_ok and handlers_ok and claims_ok
+        loop_ok = (self.loop_blocked or 0.0) <= self.loop_allowance
+        return receiver_ok and lease_ok and handlers_ok and claims_ok and loop_ok
 
     @property
     def ready(self) -> bool:
@@ -77,6 +82,7 @@ class Health:
             "receiver": _thread(self.receiver_alive, self.receiver_overdue),
             "lease": _thread(self.lease_alive, self.lease_overdue),
             "handlers": f"{self.handlers_alive} of {self.handlers} running",
+            **({} if self.loop_blocked is None else {"event_loop": _loop(self.loop_blocked)}),
             **({} if self.claims_alive is None else {"claims": _thread(self.claims_alive, 0.0)}),
         }
 
@@ -101,6 +107,10 @@ class ProcessHealth:
             "ready": self.ready,
             "workers": {name: part.as_dict() for name, part in self.parts.items()},
         }
+
+
+def _loop(blocked: float) -> str:
+    return f"blocked for {blocked:.1f}s by a handler's blocking call" if blocked else "ok"
 
 
 def _thread(alive: bool, overdue: float) -> str:

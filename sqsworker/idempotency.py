@@ -119,15 +119,17 @@ class Idempotency:
         self._owner_prefix = f"{socket.gethostname()}/{os.getpid()}"
 
     @classmethod
-    def open(cls, config: WorkerConfig, clock: Clock, namespace: str) -> Idempotency:
+    def open(
+        cls, config: WorkerConfig, clock: Clock, namespace: str, threads: int | None = None
+    ) -> Idempotency:
         """The store ``config`` names. Raises ``StartupError`` when it cannot be used."""
         assert config.idempotency_store is not None
         # DynamoDB's endpoint is boto3's (AWS_ENDPOINT_URL_DYNAMODB) or the URL's ?endpoint=.
-        # A pooled store (PostgreSQL) needs a connection per handler thread inside
-        # message.transaction(), and a few for claims and renewals beside them.
-        store = open_store(
-            config.idempotency_store, region=config.region, connections=config.concurrency + 2
-        )
+        # A pooled store (PostgreSQL) needs a connection per thread that calls it (a
+        # handler thread, inside message.transaction() too, or a coroutine handler's
+        # helper thread), and a few for claims and renewals beside them.
+        threads = config.concurrency if threads is None else threads
+        store = open_store(config.idempotency_store, region=config.region, connections=threads + 2)
         return cls(
             store,
             config.idempotency_key,

@@ -281,6 +281,18 @@ class LogObserver(Observer):
     def store_failed(self, operation: str, error: BaseException) -> None:
         self.log.warning("idempotency store call failed", operation=operation, error=str(error))
 
+    def loop_blocked(self, seconds: float, where: str) -> None:
+        self.log.warning(
+            "the event loop is blocked: an async handler made a blocking call, and every "
+            "coroutine waits for it; await it through asyncio.to_thread(...) or use an "
+            "async client",
+            blocked_for=round(seconds, 2),
+            where=where,
+        )
+
+    def loop_unblocked(self, seconds: float) -> None:
+        self.log.info("the event loop runs again", was_blocked_for=round(seconds, 2))
+
     def shutdown_started(self, waiting: int, running: int) -> None:
         self.log.info("shutting down", handing_back=waiting, running=running)
 

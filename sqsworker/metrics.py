@@ -147,6 +147,11 @@ class _Families:
             "Failed idempotency store calls, by operation (claim, renew, complete, release).",
             "operation",
         )
+        self.loop_stalls = counter(
+            "sqsworker_event_loop_stalls",
+            "Times an async handler blocked the event loop for 0.5 s or more (every "
+            "coroutine waited); the log line says where.",
+        )
         self.duration = Histogram(
             "sqsworker_handler_duration_seconds",
             "Handler run time, by outcome (success, failure, retry, rejected).",
@@ -283,6 +288,9 @@ class Metrics(Observer):
 
     def handler_skipped(self, message: Message, reason: str) -> None:
         self._skipped.inc()
+
+    def loop_blocked(self, seconds: float, where: str) -> None:
+        self.f.loop_stalls.labels(**self.labels).inc()
 
     def deleted(self, messages: Sequence[Message]) -> None:
         self._deletes.inc(len(messages))

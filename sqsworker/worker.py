@@ -15,6 +15,9 @@ handler threads would otherwise sit idle: then it asks for what fits.
 
 from __future__ import annotations
 
+import asyncio
+import enum
+import inspect
 import math
 import threading
 import uuid
@@ -23,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from . import tracing
+from . import coroutines, tracing
 from .clock import Clock, SystemClock
 from .config import WorkerConfig
+from .coroutines import EventLoopRunner
 from .errors import (
     KeyConflict,
     PayloadUnavailable,
@@ -53,6 +57,15 @@ IDLE_PAUSE = 1.0  # between empty receives when --wait-time is 0
 BURST_WAIT = 1  # long-poll seconds in burst mode: an empty queue ends the run promptly
 MAX_POLLS = 32  # receives under way at once, at most
 MAX_ATTRIBUTES = 10  # SQS's limit of message attributes per message
+
+
+class _Step(enum.Enum):
+    """What ``_prepare`` decided: run the handler, keep the message to look at again, or
+    nothing more (it was settled)."""
+
+    RUN = "run"
+    KEEP = "keep"
+    DONE = "done"
 
 
 class Worker:
@@ -137,6 +150,8 @@ class Worker:
         self._receiving = [Progress(self.clock) for _ in range(self.pollers)]  # for /healthz
         self._started = False
         self.keeper: LeaseKeeper | None = None
+        # An async def handler's coroutines, on an event loop thread; None for a def.
+        self._loop_runner: EventLoopRunner | None = None
 
     @property
     def transport(self) -> Transport:
@@ -162,14 +177,20 @@ class Worker:
             lease_overdue=self.keeper.overdue() if self.keeper else 0.0,
             receiver_alive=self._pollers_alive == self.pollers,
             lease_alive=self.keeper is not None and self.keeper.alive(),
-            handlers_alive=self._handlers_alive,
+            handlers_alive=self._coroutines_alive() if self._loop_runner else self._handlers_alive,
             handlers=self.config.concurrency,
+            loop_blocked=self._loop_runner.blocked_for() if self._loop_runner else None,
+            loop_allowance=self.config.stall_timeout,
             claims_alive=(
                 self.idempotency.keeper.alive()
                 if self.idempotency and self.idempotency.keeper
                 else None
             ),
         )
+
+    def _coroutines_alive(self) -> int:
+        assert self._loop_runner is not None
+        return self.config.concurrency if self._loop_runner.alive() else 0
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -182,7 +203,7 @@ class Worker:
                 self.config.queue,
                 endpoint_url=self.config.endpoint_url,
                 region=self.config.region,
-                max_connections=self.config.concurrency + self.pollers + self.senders + 2,
+                max_connections=self._threads + self.pollers + self.senders + 2,
             )
         if self.transport.info.fifo:
             self._pending = Lanes()
@@ -203,14 +224,31 @@ class Worker:
             senders=self.senders,
         )
         self.keeper.start()
-        self._handlers_alive = self.config.concurrency
-        for index in range(self.config.concurrency):
-            self.clock.spawn(f"sqsworker-handler-{index}", self._work)
+        if self.handler.is_async:
+            self._loop_runner = self._event_loop()
+            self._loop_runner.start()
+        else:
+            self._handlers_alive = self.config.concurrency
+            for index in range(self.config.concurrency):
+                self.clock.spawn(f"sqsworker-handler-{index}", self._work)
         self.observer.worker_started(self.transport.info, self.config)
         self._pollers_alive = self.pollers
         for index in range(self.pollers):
             self.clock.spawn(f"sqsworker-receiver-{index}", partial(self._receive, index))
         self._started = True
+
+    def _event_loop(self) -> EventLoopRunner:
+        return EventLoopRunner(
+            self.config.concurrency, self.clock, self._next_batch, self._work_async, self.observer
+        )
+
+    @property
+    def _threads(self) -> int:
+        """Threads that call SQS, S3 or the store on a message's behalf besides the
+        receive and lease threads: the handler threads, or a coroutine handler's helpers."""
+        if self.handler.is_async:
+            return min(self.config.concurrency, coroutines.MAX_HELPERS)
+        return self.config.concurrency
 
     def _open_idempotency(self) -> Idempotency | None:
         namespace = self.transport.info.name
@@ -225,7 +263,7 @@ class Worker:
         if self.config.idempotency_store is None:
             return None
         try:
-            return Idempotency.open(self.config, self.clock, namespace)
+            return Idempotency.open(self.config, self.clock, namespace, threads=self._threads)
         except StartupError:
             self.transport.close()
             raise
@@ -291,8 +329,11 @@ class Worker:
             clean = self._unfinished == 0
 
         # 5. Past the timeout, hand the still-running messages back for another worker.
+        #    Coroutine handlers still running are cancelled then (thread handlers cannot be).
         overdue = [] if clean else self.keeper.running()
         self.keeper.hand_back(overdue)
+        if self._loop_runner:
+            self._loop_runner.close()
 
         # 6. Flush queued deletes and returns, then stop the lease thread.
         unsettled = self.keeper.stop(give_up_after=max(5.0, deadline - self.clock.monotonic()))
@@ -492,18 +533,34 @@ class Worker:
                 self._handlers_alive -= 1  # read by /healthz: a thread lost is not live
 
     def _next(self) -> Held | None:
-        """The next message to run: a deferred one that is due, else the next waiting one."""
+        """The next message to run, waiting for one; None once closing with none left."""
         with self._slots:
             while True:
-                now = self.clock.monotonic()
-                for index, (due, deferred) in enumerate(self._deferred):
-                    if due <= now:
-                        del self._deferred[index]
-                        return deferred
-                waiting = self._pending.take()
+                waiting = self._take_now()
                 if waiting is not None or self._closing:
                     return waiting
                 self.clock.wait(self._runnable, min((d for d, _ in self._deferred), default=None))
+
+    def _next_batch(self, limit: int) -> list[Held]:
+        """Up to ``limit`` messages to run, waiting for the first; [] once closing."""
+        with self._slots:
+            first = self._next()
+            if first is None:
+                return []
+            batch = [first]
+            while len(batch) < limit and (more := self._take_now()) is not None:
+                batch.append(more)
+            return batch
+
+    def _take_now(self) -> Held | None:
+        """A deferred message that is due, else the next waiting one (FIFO: of a group
+        with none running), else None. Under ``_slots``."""
+        now = self.clock.monotonic()
+        for index, (due, deferred) in enumerate(self._deferred):
+            if due <= now:
+                del self._deferred[index]
+                return deferred
+        return self._pending.take()
 
     def _finish(self, held: Held, took: float) -> None:
         assert self.keeper is not None
@@ -533,35 +590,11 @@ class Worker:
 
     def _run(self, held: Held) -> bool:
         """``_process`` from the start on: inside the message's consumer span, if traced."""
-        assert self.keeper is not None
         message = held.message
         started = self.clock.monotonic()
-        if is_offloaded(message.raw_message_attributes):
-            try:
-                message.fetch_body(self.payloads)  # before the key is derived from the body
-            except Reject as exc:
-                self._reject(held, exc, started)
-                return False
-            except PayloadUnavailable as exc:
-                self._fail(held, exc, started, delay=None)
-                return False
-            if not self.keeper.still_running(held):  # the fetch took longer than the lease
-                self._traced("skipped")
-                self.observer.handler_skipped(
-                    message, "its lease ran out while its body was fetched from S3"
-                )
-                return False
-        if self.idempotency:
-            verdict = self._admit(held, started)
-            if verdict is not Verdict.RUN:
-                return verdict is Verdict.BUSY
-            if not self.keeper.still_running(held):  # the claim took longer than the lease
-                self._release_claim(message)
-                self._traced("skipped")
-                self.observer.handler_skipped(
-                    message, "its lease ran out while its idempotency key was being claimed"
-                )
-                return False
+        step = self._prepare(held, started)
+        if step is not _Step.RUN:
+            return step is _Step.KEEP
         self.observer.handler_started(message)
         try:
             # Log lines of the handler's own (structlog or stdlib logging) carry these fields.
@@ -569,25 +602,131 @@ class Worker:
                 **message.log_context, handler=self.handler.name
             )
             try:
-                self.handler(message)
+                result = self.handler(message)
             finally:
                 structlog.contextvars.reset_contextvars(**tokens)
-        except Retry as exc:
-            self._fail(held, exc, started, delay=exc.delay)
-        except Exception as exc:
-            if isinstance(exc, (Reject, *self.config.non_retryable)):
-                self._reject(held, exc, started)
-            else:
-                self._fail(held, exc, started, delay=None)
-        except BaseException as exc:  # SystemExit and the like: a failure; the thread lives on
-            self._fail(held, exc, started, delay=None)
+            if inspect.isawaitable(result):
+                _refuse_awaitable(result, self.handler.name)
+        except BaseException as exc:  # SystemExit and the like too: the thread lives on
+            self._settle(held, started, exc)
         else:
+            self._settle(held, started, None)
+        return False
+
+    async def _work_async(self, held: Held) -> None:
+        """``_work`` for one message of a coroutine handler, on the event loop."""
+        kept = False
+        began = self.clock.monotonic()
+        try:
+            kept = await self._process_async(held)
+        except asyncio.CancelledError:
+            raise  # at the shutdown's timeout: the message was handed back already
+        except BaseException:
+            assert self.keeper is not None
+            self.keeper.release(held, 0, "worker error", urgent=True)
+            raise
+        finally:
+            if not kept:
+                self._finish(held, self.clock.monotonic() - began)
+
+    async def _process_async(self, held: Held) -> bool:
+        """``_process`` for a coroutine handler. The steps before and after it that may
+        block (S3, the idempotency store, a dead-letter copy) run on a helper thread."""
+        assert self.keeper is not None and self._loop_runner is not None
+        offload = self._loop_runner.offload
+        message = held.message
+        if not self.keeper.begin(held):
+            self.observer.handler_skipped(message, "its lease was lost while it waited to start")
+            return False
+        with tracing.consuming(self.tracer, message):
+            started = self.clock.monotonic()
+            if self.idempotency or is_offloaded(message.raw_message_attributes):
+                step = await offload(self._prepare, held, started)
+            else:
+                step = self._prepare(held, started)
+            if step is not _Step.RUN:
+                return step is _Step.KEEP
+            self.observer.handler_started(message)
+            # This coroutine runs in a context of its own: the fields stay with it.
+            structlog.contextvars.bind_contextvars(**message.log_context, handler=self.handler.name)
+            try:
+                await self.handler(message)  # type: ignore[misc]
+            except BaseException as exc:  # CancelledError too: settled, then passed on
+                if self._settling_blocks(exc):
+                    await offload(self._settle, held, started, exc)
+                else:
+                    self._settle(held, started, exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            else:
+                if self._settling_blocks(None):
+                    await offload(self._settle, held, started, None)
+                else:
+                    self._settle(held, started, None)
+        return False
+
+    def _prepare(self, held: Held, started: float) -> _Step:
+        """What comes before the handler: its body fetched from S3 if it was offloaded,
+        its idempotency key claimed. RUN the handler, KEEP it to look at again, or DONE
+        (settled here)."""
+        assert self.keeper is not None
+        message = held.message
+        if is_offloaded(message.raw_message_attributes):
+            try:
+                message.fetch_body(self.payloads)  # before the key is derived from the body
+            except Reject as exc:
+                self._reject(held, exc, started)
+                return _Step.DONE
+            except PayloadUnavailable as exc:
+                self._fail(held, exc, started, delay=None)
+                return _Step.DONE
+            if not self.keeper.still_running(held):  # the fetch took longer than the lease
+                self._traced("skipped")
+                self.observer.handler_skipped(
+                    message, "its lease ran out while its body was fetched from S3"
+                )
+                return _Step.DONE
+        if self.idempotency:
+            verdict = self._admit(held, started)
+            if verdict is not Verdict.RUN:
+                return _Step.KEEP if verdict is Verdict.BUSY else _Step.DONE
+            if not self.keeper.still_running(held):  # the claim took longer than the lease
+                self._release_claim(message)
+                self._traced("skipped")
+                self.observer.handler_skipped(
+                    message, "its lease ran out while its idempotency key was being claimed"
+                )
+                return _Step.DONE
+        return _Step.RUN
+
+    def _settle(self, held: Held, started: float, error: BaseException | None) -> None:
+        """The handler's outcome: the delete on success (None), else the failure path."""
+        assert self.keeper is not None
+        message = held.message
+        if error is None:
             self._complete_claim(message)
             self._done_with_body(message)
             self.keeper.succeed(held, urgent=self._blocks_its_group(held))
             self._traced("succeeded")
             self.observer.handler_succeeded(message, self.clock.monotonic() - started)
-        return False
+        elif isinstance(error, Retry):
+            self._fail(held, error, started, delay=error.delay)
+        elif self._rejects(error):
+            self._reject(held, error, started)
+        else:
+            self._fail(held, error, started, delay=None)
+
+    def _rejects(self, error: BaseException) -> bool:
+        return isinstance(error, Exception) and isinstance(
+            error, (Reject, *self.config.non_retryable)
+        )
+
+    def _settling_blocks(self, error: BaseException | None) -> bool:
+        """True when settling ``error`` calls the idempotency store or sends a copy to the
+        dead-letter queue: a coroutine handler's is then settled on a helper thread."""
+        return self.idempotency is not None or (
+            error is not None and not isinstance(error, Retry) and self._rejects(error)
+        )
 
     # -- idempotency: each store call's failure is reported, and never loses the message --
 
@@ -796,6 +935,18 @@ def _dead_letter_copy(message: Message, exc: BaseException, fifo: bool) -> Outgo
         message_attributes=attributes,
         group_id=message.group_id,
         deduplication_id=message.message_id if fifo else None,
+    )
+
+
+def _refuse_awaitable(result: Any, name: str) -> None:
+    """A plain def handler returned a coroutine (it calls an async function without
+    awaiting it): nothing was done. Fail the message rather than delete it unrun."""
+    close = getattr(result, "close", None)
+    if callable(close):
+        close()  # no "coroutine was never awaited" warning on top of the failure
+    raise TypeError(
+        f"handler {name} returned {type(result).__name__} without running it: declare the "
+        "handler async def and await the call, or call asyncio.run(...) inside it"
     )
 
 

@@ -18,7 +18,14 @@ from .scenario import ROOT, Scenario, run_to_exit
 pytestmark = pytest.mark.integration
 
 
-def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(scenario: Scenario) -> None:
+# Each with a thread handler and with the same handler as an async def (coroutines).
+HANDLERS = pytest.mark.parametrize("handler", ["work", "work_async"])
+
+
+@HANDLERS
+def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(
+    scenario: Scenario, handler: str
+) -> None:
     scenario.send("normal", 20)
     scenario.send("slow", 4, sleep=7)  # over twice the 3 s visibility timeout
     scenario.send("fail", 2)
@@ -33,7 +40,7 @@ def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(scenario
         "--backoff-max",
         "1",
     ]
-    workers = [scenario.worker(*options), scenario.worker(*options)]
+    workers = [scenario.worker(*options, handler=handler) for _ in range(2)]
     wait_until(
         lambda: all(w.poll() is not None for w in workers),
         timeout=90,
@@ -57,9 +64,14 @@ def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(scenario
     assert "lease lost" not in scenario.logs()
 
 
-def test_sigterm_hands_back_unstarted_and_lets_running_finish(scenario: Scenario) -> None:
+@HANDLERS
+def test_sigterm_hands_back_unstarted_and_lets_running_finish(
+    scenario: Scenario, handler: str
+) -> None:
     scenario.send("slow", 10, sleep=3)
-    worker = scenario.worker("--visibility-timeout", "30", "--concurrency", "2", "--prefetch", "8")
+    worker = scenario.worker(
+        "--visibility-timeout", "30", "--concurrency", "2", "--prefetch", "8", handler=handler
+    )
     wait_until(
         lambda: len(scenario.ledger.count("start")) == 2, timeout=30, what="two handlers to start"
     )

@@ -48,6 +48,10 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
             ("README.md", "# app.py: two handlers"),
             ("README.md", "sqsworker run app:orders app:emails"),
         ],
+        "test_the_async_handler_runs_as_written": [
+            ("docs/handlers.md", "async def thumbnail("),
+            ("docs/handlers.md", "sqsworker run app:thumbnail"),
+        ],
         "test_a_handlers_log_line_is_the_one_the_page_shows": [
             ("docs/observability.md", "def process("),
             ("docs/observability.md", '"event": "charging the card"'),  # checked: the line
@@ -97,6 +101,11 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
         "test_the_streaming_example_runs": [
             ("README.md", "from spark_sink import"),
             ("docs/spark.md", "spark.readStream"),
+        ],
+    },
+    "tests/unit/test_async_handlers.py": {  # checked
+        "test_a_handler_blocking_the_loop_shows_in_health_logs_and_metrics_naming_where": [
+            ("docs/handlers.md", "the event loop is blocked"),
         ],
     },
     "tests/unit/test_docs.py": {  # checked
@@ -299,6 +308,32 @@ def test_two_handlers_run_in_one_process_with_each_command(tmp_path: Path) -> No
             assert [e["order"] for e in ran.events("order received")] == [number]
             assert [e["to"] for e in ran.events("email sent")] == [f"customer-{number}@example.com"]
         assert sum(depth(env, q) for q in ("orders", "orders-dlq", "emails", "emails-dlq")) == 0
+
+
+def test_the_async_handler_runs_as_written(tmp_path: Path) -> None:
+    """docs/handlers.md: the async handler as written runs its coroutines concurrently on
+    the event loop, and the documented line drains the queue and exits 0."""
+    (tmp_path / "app.py").write_text(snippet("docs/handlers.md", "async def thumbnail(").text)
+    (line,) = snippet("docs/handlers.md", "sqsworker run app:thumbnail").text.splitlines()
+    with local("--queue", "thumbnails") as exports:
+        env = shell_env(exports)
+        sqs = client("sqs", env)
+        url = sqs.get_queue_url(QueueName="thumbnails")["QueueUrl"]
+        for first in range(0, 100, 10):
+            sqs.send_message_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": str(n), "MessageBody": json.dumps({"image": f"img-{n}.png"})}
+                    for n in range(first, first + 10)
+                ],
+            )
+        ran = run_worker(line, env, tmp_path, "thumbnails")
+        assert ran.code == 0, ran.stderr
+        (started,) = ran.events("worker started")
+        assert started["concurrency"] == 200
+        made = sorted(e["image"] for e in ran.events("thumbnail made"))
+        assert made == sorted(f"img-{n}.png" for n in range(100))
+        assert depth(env, "thumbnails") == 0
 
 
 def test_a_handlers_log_line_is_the_one_the_page_shows(tmp_path: Path) -> None:

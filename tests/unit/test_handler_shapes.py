@@ -1,14 +1,16 @@
 """Issue 13, defect 14: a handler that cannot handle a message is refused before any message.
 
-An ``async def`` handler's coroutine was never awaited and a class only built an object,
-so their messages were deleted with no work done; a function of no arguments failed every
-message into the dead-letter queue. Each such shape is now refused with one sentence at
-decoration, at ``Handler(...)``, ``as_handler`` and ``Worker(...)``, and by ``sqsworker run``
-with exit code 2.
+A generator's body never ran and a class only built an object, so their messages were
+deleted with no work done; a function of no arguments failed every message into the
+dead-letter queue. Each such shape is refused with one sentence at decoration, at
+``Handler(...)``, ``as_handler`` and ``Worker(...)``, and by ``sqsworker run`` with exit
+code 2. ``async def`` handlers, refused at first, now run as coroutines (issue 15): every
+way of writing one is accepted here and awaited.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import subprocess
@@ -23,7 +25,7 @@ import pytest
 import sqsworker
 from sqsworker import ConfigError, Handler, Message, Worker, WorkerConfig
 from sqsworker.clock import FakeClock
-from sqsworker.errors import HandlerShapeError, ImportStringError
+from sqsworker.errors import HandlerShapeError
 from sqsworker.handler import as_handler
 from sqsworker.importer import import_from_string
 from sqsworker.local import LocalSQS
@@ -36,10 +38,6 @@ from .helpers import Rig
 
 HERE = __name__  # the module the handlers below are named after
 
-ASYNC = (
-    "async handlers are not supported yet: write it as a plain def "
-    "(calling asyncio.run(...) inside it if it must await)"
-)
 CLASS = (
     "is a class, and calling a class with a message only constructs an object: decorate a "
     "function with @sqsworker.handler() instead, or pass an instance of a class that defines "
@@ -49,10 +47,6 @@ SIGNATURE = "cannot be called with one message (its signature is"
 
 
 # The shapes that cannot work ---------------------------------------------------------
-
-
-async def fetch(message: Message) -> None:
-    pass
 
 
 async def stream(message: Message) -> AsyncIterator[str]:
@@ -80,11 +74,6 @@ def keyword_only(message: Message, *, retries: int) -> None:
     pass
 
 
-class AsyncCall:
-    async def __call__(self, message: Message) -> None:
-        pass
-
-
 class GeneratorCall:
     def __call__(self, message: Message) -> Iterator[str]:
         yield message.body
@@ -95,20 +84,12 @@ class NoMessageCall:
         pass
 
 
-def marked_async() -> Callable[[Message], Any]:
-    def returns_awaitable(message: Message) -> Any:
-        return fetch(message)
-
-    return inspect.markcoroutinefunction(returns_awaitable)  # type: ignore[attr-defined,no-any-return]
-
-
 BAD_SHAPES = [
-    pytest.param(fetch, f"handler {HERE}.fetch is an async def function, and {ASYNC}", id="async"),
     pytest.param(
         stream,
-        f"handler {HERE}.stream is an async generator function, and async handlers are not "
-        "supported yet: write it as a plain def without yield (calling asyncio.run(...) inside "
-        "it if it must await)",
+        f"handler {HERE}.stream is an async generator function (it contains yield), so calling "
+        "it returns an async iterator without running its body: write it as an async def "
+        "without yield that does the work and returns",
         id="async-generator",
     ),
     pytest.param(
@@ -144,11 +125,6 @@ BAD_SHAPES = [
         id="lambda-without-message",
     ),
     pytest.param(
-        AsyncCall(),
-        f"handler {HERE}.AsyncCall.__call__ is an async def function, and {ASYNC}",
-        id="instance-with-async-call",
-    ),
-    pytest.param(
         GeneratorCall(),
         f"handler {HERE}.GeneratorCall.__call__ is a generator function (it contains yield), "
         "so calling it returns a generator without running its body: write it as a plain def "
@@ -162,16 +138,6 @@ BAD_SHAPES = [
         id="instance-whose-call-takes-no-message",
     ),
     pytest.param(
-        functools.partial(fetch),
-        f"handler {HERE}.fetch is an async def function, and {ASYNC}",
-        id="partial-of-async",
-    ),
-    pytest.param(
-        functools.partial(functools.partial(AsyncCall())),
-        f"handler {HERE}.AsyncCall.__call__ is an async def function, and {ASYNC}",
-        id="partial-of-async-instance",
-    ),
-    pytest.param(
         functools.partial(two_arguments, "message", "extra"),
         f"handler functools.partial({HERE}.two_arguments, ...) {SIGNATURE} ()): leave exactly "
         "one positional argument unbound, for the message",
@@ -181,16 +147,6 @@ BAD_SHAPES = [
         functools.partial(Order),
         f"handler functools.partial({HERE}.Order, ...) {CLASS}",
         id="partial-of-class",
-    ),
-    pytest.param(
-        marked_async() if hasattr(inspect, "markcoroutinefunction") else None,
-        f"handler {HERE}.marked_async.<locals>.returns_awaitable is an async def function, "
-        f"and {ASYNC}",
-        id="markcoroutinefunction",
-        marks=pytest.mark.skipif(
-            not hasattr(inspect, "markcoroutinefunction"),
-            reason="inspect.markcoroutinefunction is new in Python 3.12",
-        ),
     ),
 ]
 
@@ -272,22 +228,74 @@ def plain(seen: list[str]) -> Callable[[Message], None]:
     return process
 
 
+async def record_later(seen: list[str], message: Message) -> None:
+    await asyncio.sleep(0)
+    seen.append(message.body)
+
+
+def plain_async(seen: list[str]) -> Callable[[Message], Any]:
+    async def process(message: Message) -> None:
+        await record_later(seen, message)
+
+    return process
+
+
+class AsyncRecorder:
+    def __init__(self, seen: list[str]) -> None:
+        self.seen = seen
+
+    async def __call__(self, message: Message) -> None:
+        await record_later(self.seen, message)
+
+
+def marked(seen: list[str]) -> Callable[[Message], Any]:
+    """A plain def returning a coroutine, marked as a coroutine function (Python 3.12+)."""
+
+    def returns_awaitable(message: Message) -> Any:
+        return record_later(seen, message)
+
+    return inspect.markcoroutinefunction(returns_awaitable)  # type: ignore[attr-defined,no-any-return]
+
+
 GOOD_SHAPES = [
-    pytest.param(plain, id="plain-function"),
-    pytest.param(lambda seen: sqsworker.handler(queue="jobs")(plain(seen)), id="decorated"),
-    pytest.param(Recorder, id="callable-instance"),
-    pytest.param(lambda seen: Recorder(seen).record, id="bound-method"),
-    pytest.param(lambda seen: functools.partial(record_into, seen), id="partial-one-left"),
-    pytest.param(lambda seen: lambda message, *rest: seen.append(message.body), id="varargs"),
+    pytest.param(plain, False, id="plain-function"),
+    pytest.param(lambda seen: sqsworker.handler(queue="jobs")(plain(seen)), False, id="decorated"),
+    pytest.param(Recorder, False, id="callable-instance"),
+    pytest.param(lambda seen: Recorder(seen).record, False, id="bound-method"),
+    pytest.param(lambda seen: functools.partial(record_into, seen), False, id="partial-one-left"),
+    pytest.param(
+        lambda seen: lambda message, *rest: seen.append(message.body), False, id="varargs"
+    ),
+    pytest.param(plain_async, True, id="async-def"),
+    pytest.param(
+        lambda seen: sqsworker.handler(queue="jobs")(plain_async(seen)), True, id="async-decorated"
+    ),
+    pytest.param(AsyncRecorder, True, id="instance-with-async-call"),
+    pytest.param(lambda seen: functools.partial(record_later, seen), True, id="partial-of-async"),
+    pytest.param(
+        lambda seen: functools.partial(functools.partial(AsyncRecorder(seen))),
+        True,
+        id="partial-of-async-instance",
+    ),
+    pytest.param(
+        marked,
+        True,
+        id="markcoroutinefunction",
+        marks=pytest.mark.skipif(
+            not hasattr(inspect, "markcoroutinefunction"),
+            reason="inspect.markcoroutinefunction is new in Python 3.12",
+        ),
+    ),
 ]
 
 
-@pytest.mark.parametrize("make", GOOD_SHAPES)
+@pytest.mark.parametrize(("make", "is_async"), GOOD_SHAPES)
 def test_a_handler_of_one_message_is_accepted_and_does_its_work(
-    memory: MemorySQS, clock: FakeClock, make: Callable[[list[str]], Any]
+    memory: MemorySQS, clock: FakeClock, make: Callable[[list[str]], Any], is_async: bool
 ) -> None:
     seen: list[str] = []
     rig = Rig(memory, clock, make(seen))
+    assert rig.worker.handler.is_async is is_async  # awaited on the event loop, or called
     rig.send("a", "b")
     rig.worker.start()
     rig.wait_for("deleted", 2)
@@ -298,44 +306,33 @@ def test_a_handler_of_one_message_is_accepted_and_does_its_work(
 # At start --------------------------------------------------------------------------
 
 
-def test_a_module_whose_decorated_handler_is_async_says_that_not_import_failed(
+def test_a_module_whose_decorated_handler_is_async_imports_it_as_a_coroutine_handler(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "asyncdecorated.py").write_text(
         textwrap.dedent("""
         import sqsworker
 
-        @sqsworker.handler(queue="orders")
+        @sqsworker.handler(queue="orders", concurrency=500)
         async def process(message):
             pass
         """)
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "asyncdecorated", raising=False)
-    with pytest.raises(ImportStringError) as raised:
-        import_from_string("asyncdecorated:process")
-    assert (
-        str(raised.value) == f"handler asyncdecorated.process is an async def function, and {ASYNC}"
-    )
+    handler = as_handler(import_from_string("asyncdecorated:process"))
+    assert handler.is_async and handler.options == {"queue": "orders", "concurrency": 500}
 
 
 APPS = {
-    "decorated-async": (
-        """
-        import sqsworker
-
-        @sqsworker.handler()
-        async def thing(message):
-            print("ran", message.body)
-        """,
-        f"handler shapeapp.thing is an async def function, and {ASYNC}",
-    ),
-    "plain-async": (
+    "async-generator": (
         """
         async def thing(message):
-            print("ran", message.body)
+            yield message.body
         """,
-        f"handler shapeapp.thing is an async def function, and {ASYNC}",
+        "handler shapeapp.thing is an async generator function (it contains yield), so calling "
+        "it returns an async iterator without running its body: write it as an async def "
+        "without yield that does the work and returns",
     ),
     "class": (
         """

@@ -1,0 +1,213 @@
+"""Coroutine handlers: an ``async def`` handler runs on one event loop thread.
+
+``concurrency`` counts coroutines, not threads: whenever fewer than ``concurrency``
+coroutines run, a dispatcher thread takes the next messages the worker would give handler
+threads (FIFO lanes and deferred duplicates included), as many as may start, and starts
+a coroutine for each on the loop, in one hop per batch. The steps around a handler that
+block (an offloaded body fetched from S3, the idempotency store, a dead-letter copy) run
+on a few helper threads, so the loop never waits on them.
+
+A handler that blocks the loop (``time.sleep``, a synchronous client) stalls every
+coroutine at once. A heartbeat on the loop and a watchdog thread beside it catch that:
+one log line naming where the loop is stuck, and ``/healthz`` shows for how long (not
+live past ``--stall-timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import functools
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import structlog
+
+from .clock import Clock
+from .events import Observer
+
+BEAT = 0.25  # seconds between the loop's heartbeats
+BLOCKED = 0.5  # a heartbeat this late means a handler blocked the loop: logged
+MAX_HELPERS = 16  # threads for the blocking steps around coroutine handlers
+
+T = TypeVar("T")
+
+log = structlog.get_logger("sqsworker")
+
+
+class EventLoopRunner:
+    """The event loop thread, its dispatcher and watchdog threads, and the helper threads.
+
+    ``next_messages(limit)`` blocks until there is a message to run and returns up to
+    ``limit`` of them, or none once the worker closes; ``run_one(message)`` is the
+    coroutine that handles one and settles it.
+    """
+
+    def __init__(
+        self,
+        concurrency: int,
+        clock: Clock,
+        next_messages: Callable[[int], list[Any]],
+        run_one: Callable[[Any], Awaitable[None]],
+        observer: Observer,
+    ) -> None:
+        self.concurrency = concurrency
+        self.helpers = min(concurrency, MAX_HELPERS)
+        self._clock = clock
+        self._next_messages = next_messages
+        self._run_one = run_one
+        self._observer = observer
+        self._room = threading.Condition()  # guards _running; the dispatcher waits on it
+        self._running = 0  # coroutines started and not yet ended
+        self._loop = asyncio.new_event_loop()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.helpers, thread_name_prefix="sqsworker-async-helper"
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_beat = time.monotonic()
+        self._loop_thread: int | None = None  # its ident, to show where it is stuck
+        self._dispatching = False
+        self._looping = False
+        self._faults = 0  # coroutines that ended in a fault of the worker's own
+        self._closed = threading.Event()
+
+    # -- for the worker -------------------------------------------------------------
+
+    def start(self) -> None:
+        ready = threading.Event()
+        self._looping = self._dispatching = True
+        self._clock.spawn("sqsworker-event-loop", functools.partial(self._run_loop, ready))
+        ready.wait()
+        self._clock.spawn("sqsworker-dispatcher", self._dispatch)
+        self._clock.spawn("sqsworker-loop-watchdog", self._watch)
+
+    def alive(self) -> bool:
+        """The loop and the dispatcher run, and no coroutine ended in a worker fault."""
+        return self._looping and (self._dispatching or self._closed.is_set()) and not self._faults
+
+    def blocked_for(self) -> float:
+        """Seconds the loop has been late for its heartbeat: 0 while it runs freely."""
+        if not self._looping:
+            return 0.0
+        return max(0.0, time.monotonic() - self._last_beat - BEAT)
+
+    async def offload(self, func: Callable[..., T], *args: Any) -> T:
+        """``func(*args)`` on a helper thread, in this coroutine's context (its span and
+        log fields), so a call that blocks does not stall the loop."""
+        context = contextvars.copy_context()
+        return await self._loop.run_in_executor(
+            self._pool, functools.partial(context.run, func, *args)
+        )
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Cancel the coroutines still running (their messages were handed back already),
+        stop the loop, and let the helper threads end. Waits at most ``timeout``."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._room:
+            self._room.notify_all()  # a dispatcher waiting for room sees the end
+        if self._looping:
+            done = asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop)
+            # A loop a handler blocks does not answer: it goes with the process.
+            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+                done.result(timeout)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- the threads ----------------------------------------------------------------
+
+    def _run_loop(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop_thread = threading.get_ident()
+        beat = self._loop.create_task(self._heartbeat())
+        self._loop.call_soon(ready.set)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._looping = False
+            ready.set()
+            beat.cancel()
+            # What is still pending ends here (a loop blocked past close() never gets here).
+            with contextlib.suppress(RuntimeError):
+                self._loop.run_until_complete(self._cancel_all(beat))
+            self._loop.close()
+
+    def _dispatch(self) -> None:
+        """Start a coroutine for each message to run, ``concurrency`` at most at once."""
+        try:
+            while True:
+                with self._room:
+                    while self._running >= self.concurrency and not self._closed.is_set():
+                        self._room.wait()
+                    if self._closed.is_set():
+                        return
+                    room = self.concurrency - self._running
+                batch = self._next_messages(room)
+                if not batch:
+                    return
+                with self._room:
+                    self._running += len(batch)
+                self._loop.call_soon_threadsafe(self._begin, batch)
+        finally:
+            self._dispatching = False
+
+    def _begin(self, batch: list[Any]) -> None:
+        for message in batch:
+            task = self._loop.create_task(self._guarded(message))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _guarded(self, message: Any) -> None:
+        try:
+            await self._run_one(message)
+        except asyncio.CancelledError:
+            pass  # at a shutdown's timeout: the message was handed back before
+        except BaseException:
+            # A fault of the worker's own (run_one settled the message first): like a
+            # handler thread that dies, /healthz reports it.
+            self._faults += 1
+            log.exception("worker fault: a coroutine handling a message failed")
+        finally:
+            with self._room:
+                self._running -= 1
+                self._room.notify()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            self._last_beat = time.monotonic()
+            await asyncio.sleep(BEAT)
+
+    async def _cancel_all(self, *more: asyncio.Task[None]) -> None:
+        tasks = [t for t in (*self._tasks, *more) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _watch(self) -> None:
+        """Report each stall of the loop once, with where the loop thread is stuck, and
+        again when it ends, with how long it lasted."""
+        worst = 0.0
+        while not self._closed.wait(BEAT):
+            late = self.blocked_for()
+            if late >= BLOCKED and not worst:
+                self._observer.loop_blocked(late, self._where())
+            if late >= BLOCKED:
+                worst = max(worst, late)
+            elif worst:
+                self._observer.loop_unblocked(worst + BEAT)
+                worst = 0.0
+
+    def _where(self) -> str:
+        """The innermost lines the loop thread is running, as a traceback shows them."""
+        frame = sys._current_frames().get(self._loop_thread or -1)
+        if frame is None:
+            return "unknown"
+        lines = traceback.format_stack(frame, limit=3)
+        return " | ".join(" ".join(line.split()) for line in lines[-3:])

@@ -1,0 +1,376 @@
+"""``async def`` handlers: coroutines on the worker's event loop, ``concurrency`` of them.
+
+Each test drives the worker on the in-memory SQS with a fake clock for the lease, while
+the coroutines run on the loop's real time; each waits on state (an event, a count).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+from typing import Any
+
+import pytest
+import structlog
+
+from sqsworker import Message, Reject, Retry
+from sqsworker.clock import FakeClock
+from sqsworker.errors import TransportError
+from sqsworker.events import Observer
+from sqsworker.logs import LogObserver
+from sqsworker.metrics import Metrics
+from sqsworker.stores.memory import MemoryStore
+from sqsworker.transports import OutgoingMessage, send_all
+from sqsworker.transports.memory import MemorySQS
+
+from ..conftest import wait_until
+from ..snippets import snippet
+from .conftest import sample
+from .helpers import Rig
+from .test_idempotency import keyed
+
+
+class Crowd:
+    """An async handler that holds every message until ``release`` is set, counting how
+    many it holds at once and on which threads it ran."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+        self.bodies: list[str] = []
+        self.threads: set[str] = set()
+        self.release = threading.Event()
+
+    async def __call__(self, message: Message) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        while not self.release.is_set():
+            await asyncio.sleep(0.005)
+        self.now -= 1
+        self.bodies.append(message.body)
+
+
+def test_an_async_handler_is_awaited_and_its_message_deleted_only_after_it_ran(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    done: list[str] = []
+
+    async def handler(message: Message) -> None:
+        await asyncio.sleep(0.01)
+        done.append(message.body)
+
+    rig = Rig(memory, clock, handler)
+    rig.send("a", "b", "c")
+    rig.worker.start()
+    rig.wait_for("deleted", 3)
+    assert sorted(done) == ["a", "b", "c"]  # the coroutine ran to its end, not only made
+    assert rig.stop() == 0
+    assert rig.queue.counts().total == 0
+
+
+def test_concurrency_counts_coroutines_on_one_loop_thread_not_threads(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    crowd = Crowd()
+    rig = Rig(memory, clock, crowd, concurrency=200, prefetch=50)
+    rig.send(*[f"m{i}" for i in range(300)])
+    before = threading.active_count()
+    rig.worker.start()
+    wait_until(lambda: crowd.now == 200, what="200 coroutines under way")
+    assert crowd.threads == {"sqsworker-event-loop"}
+    # 200 handlers in flight cost no handler threads: the receive and lease threads (about
+    # 45 here), the loop, its dispatcher and watchdog.
+    names = [t.name for t in threading.enumerate()]
+    assert not [n for n in names if n.startswith("sqsworker-handler")]
+    assert threading.active_count() - before < 60
+    assert rig.worker.in_hand == 250  # 200 running, the prefetch waiting: no more
+    crowd.release.set()
+    rig.wait_for("deleted", 300)
+    assert crowd.peak == 200 and sorted(crowd.bodies) == sorted(f"m{i}" for i in range(300))
+    assert rig.stop() == 0
+
+
+def test_failures_take_the_same_paths_as_for_thread_handlers(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    async def handler(message: Message) -> None:
+        await asyncio.sleep(0)
+        if message.body == "retry":
+            raise Retry(30, "later")
+        if message.body == "reject":
+            raise Reject("malformed")
+        if message.body == "fail":
+            raise ValueError("boom")
+
+    rig = Rig(memory, clock, handler)
+    rig.send("ok", "retry", "reject", "fail")
+    rig.worker.start()
+    rig.wait_for("succeeded", 1)
+    rig.wait_for("retry_requested", 1)
+    rig.wait_for("rejected", 1)
+    rig.wait_for("failed", 1)
+    rig.wait_for("deleted", 2)  # the success, and the rejected one once copied
+    assert rig.dlq is not None
+    wait_until(lambda: rig.dlq is not None and rig.dlq.counts().visible == 1)
+    (copy,) = rig.dlq.receive(1, 0, 30)
+    assert copy.body == "reject"
+    assert rig.stop() == 0
+    assert rig.queue.counts().total == 2  # the retried and the failed one, delayed
+
+
+def test_a_plain_def_returning_a_coroutine_fails_its_message_instead_of_deleting_it(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    async def work(message: Message) -> None:
+        raise AssertionError("never awaited")
+
+    failures: list[BaseException] = []
+
+    class Errors(Observer):
+        def handler_failed(self, message: Message, error: BaseException, *args: Any) -> None:
+            failures.append(error)
+
+    rig = Rig(memory, clock, lambda message: work(message), observers=[Errors()])
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("failed", 1)
+    assert rig.count("deleted") == 0
+    assert "<lambda> returned coroutine without running it: declare the handler async def and " in (
+        str(failures[0])
+    )
+    assert rig.stop() == 0
+
+
+def test_fifo_groups_keep_their_order_with_coroutines(memory: MemorySQS, clock: FakeClock) -> None:
+    order: list[tuple[str, int]] = []
+
+    async def handler(message: Message) -> None:
+        group, n = message.body.split(":")
+        await asyncio.sleep(0.001 * (5 - int(n) % 5))  # later ones would finish first
+        order.append((group, int(n)))
+
+    rig = Rig(memory, clock, handler, queue="jobs.fifo", dead_letter=False, concurrency=20)
+    send_all(
+        rig.queue,
+        [
+            OutgoingMessage(f"{g}:{n}", group_id=g, deduplication_id=f"{g}{n}")
+            for n in range(10)
+            for g in "abc"
+        ],
+    )
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 30)  # past each empty receive's pause
+    for group in "abc":
+        assert [n for g, n in order if g == group] == list(range(10))
+    assert rig.stop() == 0
+
+
+def test_idempotency_drops_duplicates_and_keeps_store_calls_off_the_loop(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    calls: list[str] = []
+
+    class Watched(MemoryStore):
+        def claim(self, *args: Any, **kwargs: Any) -> Any:
+            calls.append(threading.current_thread().name)
+            return super().claim(*args, **kwargs)
+
+        def complete(self, *args: Any, **kwargs: Any) -> bool:
+            calls.append(threading.current_thread().name)
+            return super().complete(*args, **kwargs)
+
+    runs: list[str] = []
+
+    async def handler(message: Message) -> None:
+        runs.append(message.body)
+
+    rig = Rig(memory, clock, handler, store=Watched(), concurrency=4)
+    send_all(rig.queue, [keyed("order 1", "o-1"), keyed("order 1", "o-1"), keyed("order 2", "o-2")])
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 3)  # a duplicate deferred comes back
+    assert sorted(runs) == ["order 1", "order 2"]
+    assert rig.count("duplicates_suppressed") == 1
+    assert calls and all(name.startswith("sqsworker-async-helper") for name in calls)
+    assert rig.stop() == 0
+
+
+def test_each_coroutine_logs_with_its_own_messages_fields(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    seen: dict[str, str] = {}
+    both = asyncio.Event  # made on the loop below, once it runs
+    gate: list[asyncio.Event] = []
+
+    async def handler(message: Message) -> None:
+        if not gate:
+            gate.append(both())
+        await asyncio.sleep(0)  # the other coroutine binds its fields meanwhile
+        if len(seen) == 1:
+            gate[0].set()
+        seen[message.body] = structlog.contextvars.get_contextvars()["message_id"]
+        await asyncio.wait_for(gate[0].wait(), 10)
+
+    rig = Rig(memory, clock, handler, concurrency=2)
+    rig.send("a", "b")
+    rig.worker.start()
+    rig.wait_for("deleted", 2)
+    assert seen["a"] != seen["b"]
+    assert rig.stop() == 0
+
+
+class Stalls(Observer):
+    def __init__(self) -> None:
+        self.blocked: list[tuple[float, str]] = []
+        self.unblocked: list[float] = []
+
+    def loop_blocked(self, seconds: float, where: str) -> None:
+        self.blocked.append((seconds, where))
+
+    def loop_unblocked(self, seconds: float) -> None:
+        self.unblocked.append(seconds)
+
+
+def test_a_handler_blocking_the_loop_shows_in_health_logs_and_metrics_naming_where(
+    memory: MemorySQS, clock: FakeClock, json_logs: io.StringIO, metrics: Metrics
+) -> None:
+    stalls = Stalls()
+    unblock = threading.Event()
+
+    async def blocks_the_loop(message: Message) -> None:
+        unblock.wait(30)  # a blocking call: every coroutine waits
+
+    observers = [stalls, LogObserver("tests.handler"), metrics]
+    rig = Rig(memory, clock, blocks_the_loop, observers=observers, stall_timeout=3)
+    rig.send("x")
+    rig.worker.start()
+    wait_until(lambda: bool(stalls.blocked), what="the stall reported")
+    seconds, where = stalls.blocked[0]
+    assert seconds >= 0.5
+    assert "blocks_the_loop" in where and "unblock.wait(30)" in where
+    health = rig.worker.health()
+    assert health.loop_blocked is not None and health.loop_blocked >= 0.5
+    assert health.as_dict()["event_loop"].startswith("blocked for")
+    assert health.live  # within --stall-timeout
+    wait_until(lambda: (rig.worker.health().loop_blocked or 0) > 3, what="past --stall-timeout")
+    assert not rig.worker.health().live
+    unblock.set()
+    wait_until(lambda: bool(stalls.unblocked), what="the end of the stall reported")
+    assert stalls.unblocked[0] > 3
+    assert rig.worker.health().live and rig.worker.health().as_dict()["event_loop"] == "ok"
+    rig.wait_for("deleted", 1)
+    assert rig.stop() == 0
+
+    # The log line and the count, as docs/handlers.md shows them.
+    lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    (blocked,) = [line for line in lines if line["event"].startswith("the event loop is blocked")]
+    shown = snippet("docs/handlers.md", "the event loop is blocked").text
+    assert shown.startswith(f"{blocked['event']}  blocked_for=")
+    assert "unblock.wait(30)" in blocked["where"] and blocked["level"] == "warning"
+    assert [line for line in lines if line["event"] == "the event loop runs again"]
+    assert sample(metrics, "sqsworker_event_loop_stalls_total") == 1
+
+
+def test_shutdown_lets_running_coroutines_finish_and_hands_back_the_waiting(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    crowd = Crowd()
+    rig = Rig(memory, clock, crowd, concurrency=3, prefetch=4)
+    rig.send(*[f"m{i}" for i in range(7)])
+    rig.worker.start()
+    wait_until(lambda: crowd.now == 3 and rig.worker.in_hand == 7)
+    rig.worker.request_stop()
+    result: list[int] = []
+    stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
+    stopper.start()
+    rig.wait_for("handed_back", 4)
+    crowd.release.set()
+    stopper.join(10)
+    assert result == [0]
+    assert rig.count("deleted") == 3 and len(crowd.bodies) == 3
+    assert rig.queue.counts().visible == 4 and rig.queue.counts().in_flight == 0
+
+
+def test_past_the_shutdown_timeout_coroutines_are_cancelled_and_handed_back(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    cancelled = threading.Event()
+    started = threading.Event()
+
+    async def long_job(message: Message) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    rig = Rig(memory, clock, long_job, shutdown_timeout=5)
+    rig.send("x")
+    rig.worker.start()
+    assert started.wait(10)
+    rig.worker.request_stop()
+    result: list[int] = []
+    stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
+    stopper.start()
+    while stopper.is_alive():
+        clock.advance(1)
+        stopper.join(0.01)
+    assert result == [1]
+    assert cancelled.is_set()  # its finally blocks ran
+    assert rig.queue.counts().visible == 1  # handed back, ready for another worker
+    assert rig.count("deleted") == 0
+
+
+def test_a_coroutine_sees_its_lease_lost(memory: MemorySQS, clock: FakeClock) -> None:
+    seen: list[bool] = []
+    started = threading.Event()
+    go_on = threading.Event()
+
+    async def handler(message: Message) -> None:
+        started.set()
+        while not go_on.is_set():
+            await asyncio.sleep(0.005)
+        seen.append(message.lease.lost)
+
+    fault = TransportError("ServiceUnavailable", code="ServiceUnavailable", retryable=True)
+    rig = Rig(memory, clock, handler, visibility_timeout=10, concurrency=1, prefetch=0)
+    memory.inject_fault("ChangeMessageVisibilityBatch", fault, times=1000)  # renewals fail
+    rig.send("x")
+    rig.worker.start()
+    assert started.wait(10)
+    rig.advance_until(lambda: rig.count("leases_lost") == 1)
+    go_on.set()
+    wait_until(lambda: bool(seen))
+    assert seen[0] is True  # message.lease.lost, read by the coroutine: it was not cancelled
+    rig.stop()
+
+
+def test_an_async_handler_inside_a_traced_worker_nests_its_spans(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    async def handler(message: Message) -> None:
+        with provider.get_tracer("app").start_as_current_span(f"call {message.body}"):
+            await asyncio.sleep(0.01)
+
+    rig = Rig(memory, clock, handler, tracer=provider.get_tracer("sqsworker"), concurrency=4)
+    rig.send("a", "b")
+    rig.worker.start()
+    rig.wait_for("deleted", 2)
+    assert rig.stop() == 0
+    finished = exporter.get_finished_spans()
+    processes = {s.context.span_id for s in finished if s.name == "process jobs"}
+    parents = {s.parent.span_id for s in finished if s.name.startswith("call ") and s.parent}
+    assert len(processes) == 2 and parents == processes  # each under its own message's span
+    provider.shutdown()
