@@ -1,5 +1,6 @@
 """sqsworker: a consumer-side worker framework for Amazon SQS."""
 
+from .batches import BatchFailure, BatchResult
 from .config import WorkerConfig
 from .errors import (
     ConfigError,
@@ -13,13 +14,15 @@ from .errors import (
     TransportError,
 )
 from .events import Observer
-from .handler import Handler, handler
+from .handler import Handler, batch_handler, handler, lambda_handler
 from .message import Message
 from .policies import Backoff
 from .worker import Worker
 
 __all__ = [
     "Backoff",
+    "BatchFailure",
+    "BatchResult",
     "ConfigError",
     "Handler",
     "LeaseLost",
@@ -34,6 +37,8 @@ __all__ = [
     "TransportError",
     "Worker",
     "WorkerConfig",
+    "batch_handler",
     "handler",
+    "lambda_handler",
 ]
 __version__ = "0.1.0"

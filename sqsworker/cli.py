@@ -65,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
         help="an option of one handler only, e.g. --set payments.concurrency=2 (repeat); "
         "HANDLER is the name it was imported as [env SQSWORKER_<HANDLER>__<OPTION>]",
     )
+    run.add_argument(
+        "--lambda",
+        dest="as_lambda",
+        action="store_true",
+        help="the targets are Lambda SQS handlers of (event, context): each is given "
+        "Lambda's SQS event for a batch and its result read as ReportBatchItemFailures, "
+        "one batch at a time (docs/lambda.md)",
+    )
     for f in config.options():
         default = f.metadata["default_text"] or (
             f.default if f.default not in ((), None, "") else "none"
@@ -149,10 +157,13 @@ class Signals:
 
 
 def run(
-    targets: Sequence[str], cli_options: dict[str, str | None], sets: Sequence[str] = ()
+    targets: Sequence[str],
+    cli_options: dict[str, str | None],
+    sets: Sequence[str] = (),
+    as_lambda: bool = False,
 ) -> int:
     try:
-        handlers = find_handlers(targets)
+        handlers = find_handlers(targets, as_lambda)
         configs = configure(handlers, cli_options, sets, os.environ)
     except ConfigError as exc:
         fail(str(exc))
@@ -178,7 +189,12 @@ def run(
         if registry is not None:
             metrics = Metrics(cfg.queue, named.handler.name, registry=registry)
             observers.append(metrics)
-        worker = workers[named.name] = Worker(named.handler, cfg, observer=Observers(observers))
+        try:  # an option that cannot work with this handler (--batch-size on one of one)
+            worker = Worker(named.handler, cfg, observer=Observers(observers))
+        except ConfigError as exc:
+            fail(str(exc))
+            return EXIT_USAGE
+        workers[named.name] = worker
         if metrics:
             metrics.watch(worker)
     process = Process(workers)
@@ -317,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_command(args)
     options = {f.name: getattr(args, f.name) for f in config.options()}
-    return run(args.targets, options, args.sets)
+    return run(args.targets, options, args.sets, args.as_lambda)
 
 
 if __name__ == "__main__":

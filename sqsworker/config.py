@@ -24,6 +24,8 @@ from .stores import parse_url
 MAX_VISIBILITY = 43_200  # SQS: 12 hours, counted from the receive
 MAX_WAIT_TIME = 20  # SQS: longest long poll
 RECEIVE_MARGIN = 2  # seconds a lease must outlast the long poll that returned its message
+MAX_BATCH_SIZE = 1000  # messages one batch handler call is given, at most
+MAX_BATCH_WINDOW = 300  # seconds a partial batch may wait
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
 KEY_CONFLICT_OUTCOMES = ("reject", "suppress")
@@ -111,7 +113,12 @@ class WorkerConfig:
         default="", metadata=_option("Queue name or URL (a name is resolved with GetQueueUrl).")
     )
     concurrency: int = field(
-        default=10, metadata=_option("Handler threads: messages processed at once.", _parse_int)
+        default=10,
+        metadata=_option(
+            "Messages processed at once: handler threads (coroutines for an async def "
+            "handler; for a batch handler, batches, each on a thread).",
+            _parse_int,
+        ),
     )
     prefetch: int | None = field(
         default=None,
@@ -123,6 +130,24 @@ class WorkerConfig:
             _parse_prefetch,
             metavar="N|auto",
             default_text="auto",
+        ),
+    )
+    batch_size: int | None = field(
+        default=None,
+        metadata=_option(
+            "Batch handlers only: the most messages one call is given (1-1000; over 10 "
+            "takes several receives).",
+            _parse_int,
+            default_text="10",
+        ),
+    )
+    batch_window: float | None = field(
+        default=None,
+        metadata=_option(
+            "Batch handlers only: the longest seconds a batch short of --batch-size waits "
+            "for more messages before it runs (0-300).",
+            _parse_float,
+            default_text="0",
         ),
     )
     visibility_timeout: int = field(
@@ -305,6 +330,10 @@ class WorkerConfig:
             fail("concurrency", "must be a whole number from 1 to 1000")
         if self.prefetch is not None and not 0 <= self.prefetch <= 1000:
             fail("prefetch", "must be a whole number from 0 to 1000, or auto")
+        if self.batch_size is not None and not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            fail("batch_size", f"must be a whole number from 1 to {MAX_BATCH_SIZE}")
+        if self.batch_window is not None and not 0 <= self.batch_window <= MAX_BATCH_WINDOW:
+            fail("batch_window", f"must be from 0 to {MAX_BATCH_WINDOW} seconds")
         if not 1 <= self.visibility_timeout <= MAX_VISIBILITY:
             fail("visibility_timeout", "must be from 1 to 43200 seconds (the SQS 12-hour limit)")
         if not 0 <= self.wait_time <= MAX_WAIT_TIME:

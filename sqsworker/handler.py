@@ -1,7 +1,9 @@
-"""``@sqsworker.handler``: a function of one ``Message``, with its worker options.
+"""``@sqsworker.handler``: a function of one ``Message``, with its worker options;
+``@sqsworker.batch_handler``: a function of a list of them.
 
-The function is a plain ``def`` (run on a pool of handler threads) or an ``async def``
-(run as coroutines on the worker's event loop thread).
+A message handler is a plain ``def`` (run on a pool of handler threads) or an ``async
+def`` (run as coroutines on the worker's event loop thread). A batch handler is a plain
+``def``, run on the handler threads, one batch each.
 """
 
 from __future__ import annotations
@@ -9,14 +11,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import lambdas
 from .config import WorkerConfig
 from .errors import HandlerShapeError, ImportStringError
 from .message import Message
 
 HandlerFunc = Callable[[Message], object]
+BATCH_OPTIONS = ("batch_size", "batch_window")
 
 
 class Handler:
@@ -26,18 +31,40 @@ class Handler:
     ``Worker(...)`` and at ``sqsworker run``, never after a message was received.
     """
 
-    def __init__(self, func: HandlerFunc, options: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        func: HandlerFunc,
+        options: Mapping[str, Any],
+        batch: bool = False,
+        lambda_function: Callable[..., object] | None = None,
+    ) -> None:
+        decorator = "@sqsworker.batch_handler" if batch else "@sqsworker.handler"
+        if lambda_function is not None:
+            problem = lambdas.shape_problem(lambda_function, _name(lambda_function))
+            if problem:
+                raise HandlerShapeError(problem)
+            func = lambdas.LambdaAdapter(lambda_function)  # type: ignore[assignment]
+            batch, decorator = True, "--lambda"
         known = {f.name for f in dataclasses.fields(WorkerConfig)}
         unknown = sorted(set(options) - known)
         if unknown:
             raise TypeError(
-                f"@sqsworker.handler got unknown option(s) {', '.join(unknown)}; "
+                f"{decorator} got unknown option(s) {', '.join(unknown)}; "
                 f"the options are: {', '.join(sorted(known))}"
             )
-        problem = _shape_problem(func)
+        misplaced = [o for o in BATCH_OPTIONS if o in options and not batch]
+        if misplaced:
+            raise TypeError(
+                f"{', '.join(misplaced)} is an option of batch handlers: decorate "
+                f"{_name(func)} with @sqsworker.batch_handler(...) to be given lists of messages"
+            )
+        problem = None if lambda_function else _shape_problem(func, batch)
         if problem:
             raise HandlerShapeError(problem)
         self.func = func
+        self.is_batch = batch  # given a list of messages: see batches.py
+        # A Lambda SQS handler of (event, context), called through lambdas.LambdaAdapter.
+        self.is_lambda = lambda_function is not None
         self.is_async = _is_async(func)  # run as a coroutine on the worker's event loop
         self.options = dict(options)
         self.name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}"
@@ -60,13 +87,7 @@ def handler(queue: str | None = None, **options: Any) -> Callable[[HandlerFunc],
     (``concurrency``, ``visibility_timeout``, ``non_retryable``, ...). The command line
     and ``SQSWORKER_*`` variables override them.
     """
-    if callable(queue):  # `@sqsworker.handler` without parentheses: the function came as queue
-        raise HandlerShapeError(
-            f"@sqsworker.handler above {_name(queue)} needs parentheses: "
-            "write @sqsworker.handler() or @sqsworker.handler(queue=...)"
-        )
-    if queue is not None:
-        options["queue"] = queue
+    options = _decorator_options("handler", queue, options)
 
     def decorate(func: HandlerFunc) -> Handler:
         return Handler(func, options)
@@ -74,7 +95,67 @@ def handler(queue: str | None = None, **options: Any) -> Callable[[HandlerFunc],
     return decorate
 
 
-def as_handler(obj: object, spec: str = "") -> Handler:
+def batch_handler(
+    queue: str | None = None, *, batch_size: int = 10, batch_window: float = 0.0, **options: Any
+) -> Callable[[Callable[[list[Message]], object]], Handler]:
+    """Mark ``func(messages)`` as a batch handler: given up to ``batch_size`` messages at
+    once, after waiting at most ``batch_window`` seconds for a batch to fill.
+
+    Returning ``None`` means every message succeeded; a ``sqsworker.BatchResult(failed)``
+    (or raising ``sqsworker.BatchFailure(failed)``) names those that failed, and the
+    others are deleted. Any other exception fails the whole batch. ``concurrency`` counts
+    batches running at once. The other options are those of ``@sqsworker.handler``.
+    """
+    options = _decorator_options("batch_handler", queue, options)
+    options.update(batch_size=batch_size, batch_window=batch_window)
+
+    def decorate(func: Callable[[list[Message]], object]) -> Handler:
+        return Handler(func, options, batch=True)  # type: ignore[arg-type]
+
+    return decorate
+
+
+def lambda_handler(
+    queue: str | None = None, *, batch_size: int = 10, batch_window: float = 0.0, **options: Any
+) -> Callable[[Callable[..., object]], Handler]:
+    """Mark ``func(event, context)``, a Lambda SQS handler, to run unchanged: given
+    Lambda's SQS event for each batch, its result read as ReportBatchItemFailures. One
+    batch at a time (``concurrency`` 1), as Lambda runs it. See lambdas.py."""
+    options = _decorator_options("lambda_handler", queue, options)
+    options.setdefault("concurrency", 1)  # one batch at a time, as Lambda runs one
+    options.update(batch_size=batch_size, batch_window=batch_window)
+
+    def decorate(func: Callable[..., object]) -> Handler:
+        return Handler(func, options, batch=True, lambda_function=func)
+
+    return decorate
+
+
+def _decorator_options(decorator: str, queue: object, options: dict[str, Any]) -> dict[str, Any]:
+    """A decorator's options, ``queue`` among them; one used without parentheses is
+    refused (the function came as ``queue``)."""
+    if callable(queue):
+        raise HandlerShapeError(
+            f"@sqsworker.{decorator} above {_name(queue)} needs parentheses: "
+            f"write @sqsworker.{decorator}() or @sqsworker.{decorator}(queue=...)"
+        )
+    if queue is not None:
+        options["queue"] = queue
+    return options
+
+
+def as_handler(obj: object, spec: str = "", as_lambda: bool = False) -> Handler:
+    """The handler ``obj`` is; with ``as_lambda`` (``--lambda``), a Lambda SQS handler."""
+    if as_lambda:
+        if isinstance(obj, Handler) and not obj.is_lambda:
+            kind = "batch handler" if obj.is_batch else "handler of one message"
+            raise HandlerShapeError(
+                f"{spec or obj.name} is a {kind}, and --lambda runs a Lambda handler of "
+                "(event, context): leave out --lambda, or name the Lambda function"
+            )
+        if isinstance(obj, Handler):
+            return obj
+        return Handler(obj, {"concurrency": 1}, batch=True, lambda_function=obj)  # type: ignore[arg-type]
     if isinstance(obj, Handler):
         return obj
     if callable(obj):
@@ -84,8 +165,9 @@ def as_handler(obj: object, spec: str = "") -> Handler:
     )
 
 
-def _shape_problem(func: object) -> str | None:
-    """Why calling ``func(message)`` cannot handle a message, in one sentence; None if it can.
+def _shape_problem(func: object, batch: bool = False) -> str | None:
+    """Why calling ``func(message)`` (``func(messages)`` for a ``batch`` handler) cannot
+    handle a message, in one sentence; None if it can.
 
     Each refused shape would otherwise be reported processed (its message deleted) with
     no work done, or fail every message into the dead-letter queue.
@@ -124,10 +206,50 @@ def _shape_problem(func: object) -> str | None:
     try:
         signature.bind(object())
     except TypeError:
+        given = "a list of messages" if batch else "one message"
         return (
-            f"handler {name} cannot be called with one message (its signature is "
+            f"handler {name} cannot be called with {given} (its signature is "
             f"{_bare(signature)}): {_one_argument_fix(func)}"
         )
+    takes = _takes(signature)
+    if batch and _is_async(func):
+        return (
+            f"batch handler {name} is an async def function, and batch handlers run on "
+            "threads: write it as a plain def, or handle one message at a time with an "
+            "async def under @sqsworker.handler(...)"
+        )
+    if batch and takes == "one":
+        return (
+            f"batch handler {name} takes one message (its parameter is annotated Message): "
+            "take list[sqsworker.Message], or decorate it with @sqsworker.handler(...) to be "
+            "given one message at a time"
+        )
+    if not batch and takes == "list":
+        return (
+            f"handler {name} takes a list of messages (its parameter is annotated so), but "
+            "is not a batch handler: decorate it with @sqsworker.batch_handler(...) to be "
+            "given lists of messages"
+        )
+    return None
+
+
+def _takes(signature: inspect.Signature) -> str | None:
+    """ "list" when the first parameter is annotated as a list (or sequence) of messages,
+    "one" when as one message, else None (not annotated, or annotated otherwise)."""
+    parameters = list(signature.parameters.values())
+    if not parameters or parameters[0].annotation is inspect.Parameter.empty:
+        return None
+    annotation = parameters[0].annotation
+    if isinstance(annotation, str):
+        text = annotation
+    else:
+        text = annotation.__name__ if isinstance(annotation, type) else repr(annotation)
+    text = text.replace("sqsworker.", "").replace("typing.", "").replace("collections.abc.", "")
+    text = text.replace(" ", "")
+    if re.fullmatch(r"(list|List|Sequence|Iterable|Collection)\[(message\.)?Message\]", text):
+        return "list"
+    if re.fullmatch(r"(message\.)?Message", text):
+        return "one"
     return None
 
 

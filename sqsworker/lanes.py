@@ -1,8 +1,9 @@
 """Held messages waiting for a handler thread, in the order they may run.
 
 A standard queue has one line, taken in any order by any free thread. A FIFO
-queue has one *lane* per message group: a lane runs one message at a time, in
-the order SQS delivered them, and different lanes run side by side. SQS returns
+queue has one *lane* per message group: a lane runs one message at a time (or, for
+a batch handler, one run of its messages in one batch), in the order SQS delivered
+them, and different lanes run side by side. SQS returns
 a group's messages in order within a receive, and delivers none of a group while
 one is in flight (held here), so arrival order is the group's order. (It is also
 SequenceNumber order on SQS; moto's sequence numbers are random, so they are not
@@ -39,6 +40,10 @@ class Line:
     def take(self) -> Held | None:
         return self._waiting.popleft() if self._waiting else None
 
+    def take_run(self, limit: int) -> list[Held]:
+        """Up to ``limit`` waiting messages, for a batch."""
+        return [self._waiting.popleft() for _ in range(min(limit, len(self._waiting)))]
+
     def finish(self, held: Held, settled: bool) -> list[Held]:
         return []
 
@@ -54,7 +59,7 @@ class Lanes:
     def __init__(self) -> None:
         self._lanes: dict[str, deque[Held]] = {}  # group -> its waiting messages, in order
         self._ready: deque[str] = deque()  # groups with waiting messages and none running
-        self._running: set[str] = set()
+        self._running: dict[str, int] = {}  # group -> its messages taken, not yet finished
 
     def add(self, held: Iterable[Held]) -> None:
         for h in held:
@@ -65,15 +70,22 @@ class Lanes:
 
     def take(self) -> Held | None:
         """The head of the next lane with nothing running, or None."""
-        if not self._ready:
-            return None
+        run = self.take_run(1)
+        return run[0] if run else None
+
+    def take_run(self, limit: int) -> list[Held]:
+        """Up to ``limit`` messages from the head of the next lane with nothing running,
+        in order (a batch's part of one group), or none. The group runs until each of
+        them is finished."""
+        if not self._ready or limit < 1:
+            return []
         group = self._ready.popleft()
         lane = self._lanes[group]
-        held = lane.popleft()
+        run = [lane.popleft() for _ in range(min(limit, len(lane)))]
         if not lane:
             del self._lanes[group]
-        self._running.add(group)
-        return held
+        self._running[group] = len(run)
+        return run
 
     def finish(self, held: Held, settled: bool) -> list[Held]:
         """The lane's message is done: deleted or moved (``settled``), or coming back.
@@ -82,15 +94,20 @@ class Lanes:
         before it, so the caller returns them to the queue.
         """
         group = _group(held)
-        self._running.discard(group)
+        left = self._running.get(group, 1) - 1
+        if left > 0:
+            self._running[group] = left  # more of its batch to finish
+        else:
+            self._running.pop(group, None)
         lane = self._lanes.get(group)
         if not lane:
             return []
-        if settled:
+        if not settled:
+            del self._lanes[group]
+            return list(lane)
+        if left <= 0:
             self._ready.append(group)
-            return []
-        del self._lanes[group]
-        return list(lane)
+        return []
 
     def waiting(self, held: Held) -> int:
         """How many later messages of ``held``'s group wait in its lane."""

@@ -35,14 +35,15 @@ class Named:
     target: str
 
 
-def find_handlers(targets: Sequence[str]) -> list[Named]:
+def find_handlers(targets: Sequence[str], as_lambda: bool = False) -> list[Named]:
     """The handlers ``targets`` name: ``MODULE:ATTR`` is one, ``MODULE`` every handler
-    (``@sqsworker.handler``) among the module's attributes."""
+    (``@sqsworker.handler``) among the module's attributes. ``as_lambda``: each
+    ``MODULE:ATTR`` is a Lambda SQS handler of (event, context)."""
     found: list[Named] = []
     for target in targets:
         if ":" in target:
             attr = target.partition(":")[2]
-            handler = as_handler(import_from_string(target), target)
+            handler = as_handler(import_from_string(target), target, as_lambda)
             found.append(Named(attr.rsplit(".", 1)[-1], handler, target))
             continue
         found.extend(_module_handlers(target))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -196,6 +196,45 @@ def _consuming(tracer: Any, message: Message) -> Iterator[Any]:
         yield span
         if message.lease.lost:
             span.add_event("lease lost", {"messaging.message.id": message.message_id})
+
+
+def consuming_batch(tracer: Any, messages: Sequence[Message]) -> Any:
+    """A batch's one consumer span, as the current span while inside: linked to each
+    message's producer context, as OpenTelemetry's messaging conventions have it for
+    batches; a context that does nothing when ``tracer`` is None."""
+    if tracer is None:
+        return nullcontext()
+    return _consuming_batch(tracer, messages)
+
+
+@contextmanager
+def _consuming_batch(tracer: Any, messages: Sequence[Message]) -> Iterator[Any]:
+    from opentelemetry import trace
+    from opentelemetry.trace import Link, SpanKind
+
+    links = []
+    for message in messages:
+        context = parent_context(message)
+        if context is not None:
+            span_context = trace.get_current_span(context).get_span_context()
+            links.append(Link(span_context, {"messaging.message.id": message.message_id}))
+    queue = messages[0].queue if messages else ""
+    with tracer.start_as_current_span(
+        f"process {queue}",
+        context=None,
+        kind=SpanKind.CONSUMER,
+        links=links,
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": queue,
+            "messaging.batch.message_count": len(messages),
+        },
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        yield span
 
 
 def record(outcome: str, error: BaseException | None = None, **attributes: Any) -> None:

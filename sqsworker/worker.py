@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from . import coroutines, tracing
+from . import batches, coroutines, tracing
 from .clock import Clock, SystemClock
 from .config import WorkerConfig
 from .coroutines import EventLoopRunner
 from .errors import (
+    ConfigError,
     KeyConflict,
     PayloadUnavailable,
     Reject,
@@ -57,6 +58,8 @@ IDLE_PAUSE = 1.0  # between empty receives when --wait-time is 0
 BURST_WAIT = 1  # long-poll seconds in burst mode: an empty queue ends the run promptly
 MAX_POLLS = 32  # receives under way at once, at most
 MAX_ATTRIBUTES = 10  # SQS's limit of message attributes per message
+DEFAULT_BATCH_SIZE = 10  # a batch handler's, when nothing sets --batch-size
+MAX_BATCH_SLOTS = 10_000  # concurrency x batch size, at most
 
 
 class _Step(enum.Enum):
@@ -101,14 +104,16 @@ class Worker:
         self._store = idempotency_store  # else opened from config.idempotency_store at start
         self.idempotency: Idempotency | None = None
         self._dead_letter_queue: Transport | None = None
+        # A batch handler's thread runs a batch at a time: up to this many messages.
+        self.batch_size, self.batch_window = self._batching()
+        # Messages that may run at once: one per handler thread, or a batch each.
+        self.slots = self.config.concurrency * self.batch_size
         prefetch = self.config.prefetch
         # --prefetch auto: as many as the handler threads could finish during a receive's
         # round trip, so they never wait on one, plus a batch; measured as the worker runs.
-        self.pace = None if prefetch is not None else Pace(self.config.concurrency)
-        self.prefetch_limit = (
-            prefetch if prefetch is not None else max(MAX_BATCH, 2 * self.config.concurrency)
-        )
-        self.capacity = self.config.concurrency + self.prefetch_limit  # waiting or running
+        self.pace = None if prefetch is not None else Pace(self.slots)
+        self.prefetch_limit = prefetch if prefetch is not None else max(MAX_BATCH, 2 * self.slots)
+        self.capacity = self.slots + self.prefetch_limit  # waiting or running
         self.batch = min(MAX_BATCH, self.capacity)  # a receive waits for room for this many
         # One receive thread per batch of capacity: all of it can be asked for at once.
         self.pollers = max(1, min(MAX_POLLS, math.ceil(self.capacity / MAX_BATCH)))
@@ -128,6 +133,10 @@ class Worker:
         lock = threading.RLock()
         self._slots = threading.Condition(lock)
         self._runnable = threading.Condition(lock)
+        # Batch handlers: one thread at a time fills its batch (and waits on _runnable),
+        # so batches fill rather than split between threads; the others wait their turn.
+        self._filling = False
+        self._fill_turn = threading.Condition(lock)
         # Received, waiting for a handler thread: one line, or one lane per FIFO group.
         self._pending: Line | Lanes = Line()
         self._unfinished = 0  # received and not yet through a handler (or handed back)
@@ -229,13 +238,43 @@ class Worker:
             self._loop_runner.start()
         else:
             self._handlers_alive = self.config.concurrency
+            work = self._work_batches if self.handler.is_batch else self._work
             for index in range(self.config.concurrency):
-                self.clock.spawn(f"sqsworker-handler-{index}", self._work)
+                self.clock.spawn(f"sqsworker-handler-{index}", work)
         self.observer.worker_started(self.transport.info, self.config)
         self._pollers_alive = self.pollers
         for index in range(self.pollers):
             self.clock.spawn(f"sqsworker-receiver-{index}", partial(self._receive, index))
         self._started = True
+
+    def _batching(self) -> tuple[int, float]:
+        """The batch size and window: (1, 0) for a handler of one message."""
+        config = self.config
+        if not self.handler.is_batch:
+            given = [o for o in ("batch_size", "batch_window") if getattr(config, o) is not None]
+            if given:
+                raise ConfigError(
+                    f"{given[0].replace('_', '-')} applies to batch handlers only, and "
+                    f"{self.handler.name} handles one message at a time: decorate it with "
+                    "@sqsworker.batch_handler(...), or leave the option out",
+                    field=given[0],
+                )
+            return 1, 0.0
+        if self.handler.is_lambda and config.concurrency != 1:
+            raise ConfigError(
+                f"concurrency is {config.concurrency}, and a Lambda handler runs one batch at "
+                "a time, as in one Lambda execution environment (its module-level state is "
+                "not made for two at once): leave --concurrency at 1 and run more replicas",
+                field="concurrency",
+            )
+        size = config.batch_size if config.batch_size is not None else DEFAULT_BATCH_SIZE
+        if config.concurrency * size > MAX_BATCH_SLOTS:
+            raise ConfigError(
+                f"concurrency x batch-size is {config.concurrency * size}, and a worker holds "
+                f"at most {MAX_BATCH_SLOTS} messages running at once: lower one of them",
+                field="batch_size",
+            )
+        return size, config.batch_window or 0.0
 
     def _event_loop(self) -> EventLoopRunner:
         return EventLoopRunner(
@@ -465,7 +504,7 @@ class Worker:
                 free = self._room() - self._asked
                 # Handler threads with nothing to run and no receive under way to bring any:
                 # a receive for less than a batch is better than a barrier.
-                starved = self._polls == 0 and self._unfinished < self.config.concurrency
+                starved = self._polls == 0 and self._unfinished < self.slots
                 worth = free >= self.batch or (free > 0 and starved)
                 if worth and (self._polls == 0 or self._flowing):
                     asked = min(free, MAX_BATCH)
@@ -490,7 +529,7 @@ class Worker:
         if self.pace is None:
             return self.capacity
         prefetch = min(self.prefetch_limit, MAX_BATCH + self.pace.ahead())
-        return self.config.concurrency + prefetch
+        return self.slots + prefetch
 
     def _room_changed(self) -> None:
         """Called by the lease thread when deletes or returns were answered."""
@@ -531,6 +570,178 @@ class Worker:
         finally:
             with self._slots:
                 self._handlers_alive -= 1  # read by /healthz: a thread lost is not live
+
+    # -- batch handlers: each handler thread runs one batch at a time ------------------
+
+    def _work_batches(self) -> None:
+        try:
+            while batch := self._collect():
+                finished: list[Held] = []
+                began = self.clock.monotonic()
+                try:
+                    finished = self._run_batch(batch)
+                except BaseException:
+                    assert self.keeper is not None
+                    finished = batch  # a fault of the worker's own: hand back what it holds
+                    for held in batch:
+                        self.keeper.release(held, 0, "worker error", urgent=True)
+                    raise
+                finally:
+                    took = self.clock.monotonic() - began
+                    for held in finished:
+                        self._finish(held, took)
+        finally:
+            with self._slots:
+                self._handlers_alive -= 1
+
+    def _collect(self) -> list[Held]:
+        """The next batch: up to ``batch_size`` messages, waiting for the first, then at
+        most ``batch_window`` seconds for the rest; [] once closing with none left.
+
+        A FIFO group's messages come in order, one run of them per batch. Once taken, the
+        messages count as running: at shutdown a batch being filled runs at once.
+        """
+        with self._slots:
+            while self._filling:
+                self.clock.wait(self._fill_turn, None)
+            self._filling = True
+            try:
+                return self._fill()
+            finally:
+                self._filling = False
+                self._fill_turn.notify()
+
+    def _fill(self) -> list[Held]:
+        """``_collect``'s batch, by the one thread filling one. Under ``_slots``."""
+        batch: list[Held] = []
+        deadline = math.inf
+        while len(batch) < self.batch_size:
+            more = self._take_run_now(self.batch_size - len(batch))
+            if more:
+                if not batch:
+                    deadline = self.clock.monotonic() + self.batch_window
+                batch += more
+                continue
+            if self._closing or self.clock.monotonic() >= deadline:
+                break
+            until = min([deadline, *(d for d, _ in self._deferred)])
+            self.clock.wait(self._runnable, None if until == math.inf else until)
+        return batch
+
+    def _take_run_now(self, limit: int) -> list[Held]:
+        """A deferred message that is due, else up to ``limit`` waiting ones (FIFO: a run
+        of one group with none running). Under ``_slots``."""
+        now = self.clock.monotonic()
+        for index, (due, deferred) in enumerate(self._deferred):
+            if due <= now:
+                del self._deferred[index]
+                return [deferred]
+        return self._pending.take_run(limit)
+
+    def _run_batch(self, batch: list[Held]) -> list[Held]:
+        """Run the batch handler on ``batch`` and settle each message; what is finished
+        (all but those deferred to look at again: their key is busy elsewhere)."""
+        assert self.keeper is not None
+        fifo = isinstance(self._pending, Lanes)
+        started = self.clock.monotonic()
+        messages = [held.message for held in batch]
+        with tracing.consuming_batch(self.tracer, messages):
+            ready: list[Held] = []
+            kept: list[Held] = []
+            behind: list[Held] = []
+            stopped: set[str | None] = set()  # FIFO groups a message of which did not go
+            for held in batch:
+                group = held.message.group_id
+                if fifo and group in stopped:
+                    behind.append(held)  # must not run before the one that stopped
+                    continue
+                if not self.keeper.begin(held):
+                    self.observer.handler_skipped(
+                        held.message, "its lease was lost while it waited to start"
+                    )
+                else:
+                    step = self._prepare(held, started)
+                    if step is _Step.RUN:
+                        ready.append(held)
+                        continue
+                    if step is _Step.KEEP:
+                        kept.append(held)
+                if not held.gone:
+                    stopped.add(group)
+            ready = self._still_ready(ready, stopped if fifo else None, behind)
+            if ready:
+                for held in ready:
+                    self.observer.handler_started(held.message)
+                self._call_batch(ready, started, stopped if fifo else None, behind)
+            for held in behind:
+                self.keeper.release(held, 0, HANDED_BACK_BEHIND, urgent=True)
+        return [held for held in batch if held not in kept]
+
+    def _still_ready(
+        self, ready: list[Held], stopped: set[str | None] | None, behind: list[Held]
+    ) -> list[Held]:
+        """Those of ``ready`` whose lease is still alive now that the whole batch was made
+        ready (the store or S3 may have taken long): the others are not run, and on a FIFO
+        queue (``stopped`` given) neither are their group's later messages."""
+        assert self.keeper is not None
+        still = []
+        for held in ready:
+            group = held.message.group_id
+            if stopped is not None and group in stopped:
+                self._release_claim(held.message)
+                behind.append(held)
+            elif self.keeper.still_running(held):
+                still.append(held)
+            else:
+                self._release_claim(held.message)
+                self.observer.handler_skipped(
+                    held.message, "its lease ran out while its batch was made ready"
+                )
+                if stopped is not None:
+                    stopped.add(group)
+        return still
+
+    def _call_batch(
+        self,
+        ready: list[Held],
+        started: float,
+        stopped: set[str | None] | None,
+        behind: list[Held],
+    ) -> None:
+        """Call the handler with ``ready`` and settle each by its outcome. On a FIFO queue
+        (``stopped`` given), a group's messages after one that failed go ``behind``, with
+        their key's claim completed if the handler did them, else released."""
+        messages = [held.message for held in ready]
+        returned: object = None
+        raised: BaseException | None = None
+        tokens = structlog.contextvars.bind_contextvars(
+            queue=self.transport.info.name, batch_size=len(messages), handler=self.handler.name
+        )
+        try:
+            if self.handler.is_lambda:  # Lambda's event names the queue by its ARN
+                returned = self.handler.func(messages, self.transport.info.arn)  # type: ignore[call-arg,arg-type]
+            else:
+                returned = self.handler(messages)  # type: ignore[arg-type]
+        except BaseException as exc:  # SystemExit and the like too: the thread lives on
+            raised = exc
+        finally:
+            structlog.contextvars.reset_contextvars(**tokens)
+        outcomes = batches.outcomes(messages, returned, raised)
+        try:
+            for held, error in zip(ready, outcomes, strict=True):
+                group = held.message.group_id
+                if stopped is not None and group in stopped:
+                    if error is None:
+                        self._complete_claim(held.message)  # done: its return is dropped
+                    else:
+                        self._release_claim(held.message)
+                    behind.append(held)
+                    continue
+                self._settle(held, started, error)
+                if stopped is not None and not held.gone:
+                    stopped.add(group)
+        finally:
+            del raised, outcomes  # no cycle through the traceback
 
     def _next(self) -> Held | None:
         """The next message to run, waiting for one; None once closing with none left."""

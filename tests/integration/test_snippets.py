@@ -52,6 +52,13 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
             ("docs/handlers.md", "async def thumbnail("),
             ("docs/handlers.md", "sqsworker run app:thumbnail"),
         ],
+        "test_the_batch_handler_runs_as_written": [
+            ("docs/handlers.md", "def ingest("),
+            ("docs/handlers.md", "sqsworker run app:ingest"),
+        ],
+        "test_the_decorated_lambda_handler_runs_as_written": [
+            ("docs/lambda.md", "@sqsworker.lambda_handler("),
+        ],
         "test_a_handlers_log_line_is_the_one_the_page_shows": [
             ("docs/observability.md", "def process("),
             ("docs/observability.md", '"event": "charging the card"'),  # checked: the line
@@ -101,6 +108,11 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
         "test_the_streaming_example_runs": [
             ("README.md", "from spark_sink import"),
             ("docs/spark.md", "spark.readStream"),
+        ],
+    },
+    "tests/integration/test_lambda.py": {
+        "test_the_powertools_handler_runs_unchanged_and_its_failures_reach_the_dlq": [
+            ("docs/lambda.md", "--lambda --queue orders"),
         ],
     },
     "tests/unit/test_async_handlers.py": {  # checked
@@ -216,6 +228,17 @@ def send(env: dict[str, str], queue: str, body: str, key: str | None = None) -> 
     )
 
 
+def send_all_of(env: dict[str, str], queue: str, bodies: list[str]) -> None:
+    """Send ``bodies`` ten to a request."""
+    sqs = client("sqs", env)
+    url = sqs.get_queue_url(QueueName=queue)["QueueUrl"]
+    for first in range(0, len(bodies), 10):
+        entries = [
+            {"Id": str(n), "MessageBody": body} for n, body in enumerate(bodies[first : first + 10])
+        ]
+        sqs.send_message_batch(QueueUrl=url, Entries=entries)
+
+
 def depth(env: dict[str, str], queue: str) -> int:
     """Messages visible, in flight and delayed (moto's counts are exact)."""
     sqs = client("sqs", env)
@@ -317,16 +340,7 @@ def test_the_async_handler_runs_as_written(tmp_path: Path) -> None:
     (line,) = snippet("docs/handlers.md", "sqsworker run app:thumbnail").text.splitlines()
     with local("--queue", "thumbnails") as exports:
         env = shell_env(exports)
-        sqs = client("sqs", env)
-        url = sqs.get_queue_url(QueueName="thumbnails")["QueueUrl"]
-        for first in range(0, 100, 10):
-            sqs.send_message_batch(
-                QueueUrl=url,
-                Entries=[
-                    {"Id": str(n), "MessageBody": json.dumps({"image": f"img-{n}.png"})}
-                    for n in range(first, first + 10)
-                ],
-            )
+        send_all_of(env, "thumbnails", [json.dumps({"image": f"img-{n}.png"}) for n in range(100)])
         ran = run_worker(line, env, tmp_path, "thumbnails")
         assert ran.code == 0, ran.stderr
         (started,) = ran.events("worker started")
@@ -334,6 +348,47 @@ def test_the_async_handler_runs_as_written(tmp_path: Path) -> None:
         made = sorted(e["image"] for e in ran.events("thumbnail made"))
         assert made == sorted(f"img-{n}.png" for n in range(100))
         assert depth(env, "thumbnails") == 0
+
+
+def test_the_batch_handler_runs_as_written(tmp_path: Path) -> None:
+    """docs/handlers.md: the batch handler as written inserts the events in batches of up
+    to 50, and the two that are not events go to the dead-letter queue, the rest deleted."""
+    (tmp_path / "app.py").write_text(snippet("docs/handlers.md", "def ingest(").text)
+    (line,) = snippet("docs/handlers.md", "sqsworker run app:ingest").text.splitlines()
+    with local("--queue", "events") as exports:
+        env = shell_env(exports)
+        bodies = [json.dumps({"id": f"e{n}", "kind": "click"}) for n in range(118)]
+        send_all_of(env, "events", [*bodies, "not json", json.dumps({"id": "e-no-kind"})])
+        ran = run_worker(line, env, tmp_path, "events")
+        assert ran.code == 0, ran.stderr
+        with closing(sqlite3.connect(tmp_path / "events.db")) as db:
+            ids = {row[0] for row in db.execute("SELECT id FROM events")}
+        assert ids == {f"e{n}" for n in range(118)}
+        rejected = ran.events("handler rejected the message; moved to the dead-letter queue")
+        assert len(rejected) == 2, ran.stderr
+        assert depth(env, "events") == 0 and depth(env, "events-dlq") == 2
+
+
+def test_the_decorated_lambda_handler_runs_as_written(tmp_path: Path) -> None:
+    """docs/lambda.md: the decorated Lambda handler as written is given Lambda's event,
+    a batch at a time, and prints each record."""
+    (tmp_path / "app.py").write_text(snippet("docs/lambda.md", "@sqsworker.lambda_handler(").text)
+    with local("--queue", "orders") as exports:
+        env = shell_env(exports)
+        ids = [send(env, "orders", json.dumps({"id": n})) for n in range(12)]
+        with subprocess.Popen(
+            [str(BIN / "sqsworker"), "run", "app:lambda_handler", "--burst"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as worker:
+            out, err = worker.communicate(timeout=60)
+        assert worker.returncode == 0, err
+        printed = [line.split(" ", 1) for line in out.splitlines()]
+        assert sorted(i for i, _ in printed) == sorted(ids)
+        assert depth(env, "orders") == 0
 
 
 def test_a_handlers_log_line_is_the_one_the_page_shows(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ The invariants (docs/delivery.md states the promise they check):
 - a handler starts only on a message whose SQS lease is this receive's and alive;
 - a message is reported deleted only if SQS no longer holds it;
 - a worker holds at most its bound: concurrency + prefetch (auto: at most
-  max(10, 2 x concurrency)), plus a batch per lease sender awaiting its answer;
+  max(10, 2 x concurrency)), plus a batch per lease sender awaiting its answer (with a
+  batch handler, concurrency x batch size in place of concurrency);
 - every message ends deleted after its handler succeeded, in the dead-letter queue
   for a reason the worker reported, or in the queue: never lost;
 - no thread waits forever: lease.extend() returns within a lease, shutdown within
@@ -30,7 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqsworker import Backoff, Message, Reject, Retry, Worker, WorkerConfig
+from sqsworker import Backoff, Handler, Message, Reject, Retry, Worker, WorkerConfig
+from sqsworker import BatchResult as BatchResult_
 from sqsworker.errors import ConfigError, LeaseLost, StoreError, TransportError
 from sqsworker.events import Observer, Observers
 from sqsworker.idempotency import CLAIM_MARGIN
@@ -230,6 +232,12 @@ def draw(seed: int) -> Schedule:
         for w in range(workers)
         if rng.random() < 0.15 and w not in {s[1] for s in stops}
     ]
+    # Now and then a batch handler. Drawn apart, so that every other seed replays the
+    # schedule it drew before batch handlers existed.
+    batching = random.Random(f"batch {seed}")
+    if batching.random() < 0.25:
+        config["batch_size"] = batching.choice([2, 3, 5, 10, 12])
+        config["batch_window"] = batching.choice([0.0, 0.0, 0.5, 3.0])
     return Schedule(
         seed=seed,
         fifo=rng.random() < 0.3,
@@ -658,6 +666,33 @@ class World:
         else:
             self._handle(message)
 
+    def batch_handler(self, messages: list[Message]) -> BatchResult_:
+        """Each message's plan in turn, on this thread; those that failed are reported,
+        and a SystemExit among them fails the whole batch. The batch's messages all start
+        when it does (the worker began each on a live lease): the overlap of keys is
+        checked then, and each counts as running until the batch ends."""
+        if self.store is not None:
+            for message in messages:
+                self._check_no_overlap(message)
+                self.running_keys[_number(message)].append(message)
+        failed: dict[Message, BaseException] = {}
+        exit_code = None
+        try:
+            for message in messages:
+                try:
+                    self._handle(message)
+                except SystemExit as exc:
+                    exit_code = exc.code
+                except Exception as exc:
+                    failed[message] = exc
+        finally:
+            if self.store is not None:
+                for message in messages:
+                    self.running_keys[_number(message)].remove(message)
+        if exit_code is not None:
+            raise SystemExit(exit_code)
+        return BatchResult_(failed)
+
     def _check_no_overlap(self, message: Message) -> None:
         """Two handlers of one key never overlap while the first one's SQS lease lives."""
         now = self.clock.monotonic()
@@ -708,8 +743,9 @@ class World:
         except ConfigError:
             return None
         recorder = Recorder(self, index)
+        batched = config.batch_size is not None
         worker = Worker(
-            self.handler,
+            Handler(self.batch_handler, {}, batch=True) if batched else self.handler,  # type: ignore[arg-type]
             config,
             transport=SimTransport(self.memory.transport(self.queue_name), self),
             clock=self.clock,
