@@ -892,7 +892,7 @@ class Worker:
                 self._fail(held, exc, started, delay=None)
                 return _Step.DONE
             if not self.keeper.still_running(held):  # the fetch took longer than the lease
-                self._traced("skipped")
+                self._traced(message, "skipped")
                 self.observer.handler_skipped(
                     message, "its lease ran out while its body was fetched from S3"
                 )
@@ -903,7 +903,7 @@ class Worker:
                 return _Step.KEEP if verdict is Verdict.BUSY else _Step.DONE
             if not self.keeper.still_running(held):  # the claim took longer than the lease
                 self._release_claim(message)
-                self._traced("skipped")
+                self._traced(message, "skipped")
                 self.observer.handler_skipped(
                     message, "its lease ran out while its idempotency key was being claimed"
                 )
@@ -918,7 +918,7 @@ class Worker:
             self._complete_claim(message)
             self._done_with_body(message)
             self.keeper.succeed(held, urgent=self._blocks_its_group(held))
-            self._traced("succeeded")
+            self._traced(message, "succeeded")
             self.observer.handler_succeeded(message, self.clock.monotonic() - started)
         elif isinstance(error, Retry):
             self._fail(held, error, started, delay=error.delay)
@@ -970,7 +970,7 @@ class Worker:
         if verdict is Verdict.DUPLICATE:
             self._done_with_body(message)
             self.keeper.succeed(held, urgent=self._blocks_its_group(held))
-            self._traced("duplicate")
+            self._traced(message, "duplicate")
             self.observer.duplicate_suppressed(message)
         elif verdict is Verdict.BUSY:
             # Held, not returned: a return would use up a receive, and a duplicate that
@@ -985,7 +985,7 @@ class Worker:
             if closing:
                 self.keeper.hand_back([held])
                 return None
-            self._traced("deferred", retry_in=retry_in)
+            self._traced(message, "deferred", retry_in=retry_in)
             self.observer.duplicate_deferred(message, retry_in)
         return verdict
 
@@ -1010,10 +1010,16 @@ class Worker:
         except Exception as exc:  # the claim lapses with its lease instead
             self.observer.store_failed("release", exc)
 
-    def _traced(self, outcome: str, error: BaseException | None = None, **details: Any) -> None:
-        """The outcome on the message's consumer span, when traced."""
-        if self.tracer is not None:
-            tracing.record(outcome, error, **details)
+    def _traced(
+        self, message: Message, outcome: str, error: BaseException | None = None, **details: Any
+    ) -> None:
+        """The outcome on the message's consumer span, when traced; on a batch's span, an
+        event naming the message."""
+        if self.tracer is None:
+            return
+        if self.handler.is_batch:
+            details["messaging.message.id"] = message.message_id
+        tracing.record(outcome, error, **details)
 
     def _done_with_body(self, message: Message) -> None:
         """The message is handled (or dropped as a duplicate): with --delete-payloads, its
@@ -1045,10 +1051,10 @@ class Worker:
         self.keeper.release(held, delay, "retry")
         duration = self.clock.monotonic() - started
         if isinstance(exc, Retry):  # the handler's decision, not a fault
-            self._traced("retry requested", retry_in=delay, reason=str(exc))
+            self._traced(message, "retry requested", retry_in=delay, reason=str(exc))
             self.observer.handler_retry_requested(message, exc, duration, delay, last)
         else:
-            self._traced("failed", exc, retry_in=delay, last_attempt=last)
+            self._traced(message, "failed", exc, retry_in=delay, last_attempt=last)
             self.observer.handler_failed(message, exc, duration, delay, last)
 
     def _last_attempt(self, message: Message) -> bool:
@@ -1068,7 +1074,7 @@ class Worker:
             self.keeper.release(
                 held, self.config.backoff_max, "rejected without a dead-letter queue"
             )
-            self._traced("rejected", exc, kept_for=self.config.backoff_max)
+            self._traced(message, "rejected", exc, kept_for=self.config.backoff_max)
             self.observer.handler_rejected(message, exc, duration, None)
             return
         try:
@@ -1079,12 +1085,12 @@ class Worker:
             last = self._last_attempt(message)
             retry_in = 0.0 if last else self.backoff.delay(message.receive_count)
             self.keeper.release(held, retry_in, "retry")
-            self._traced("failed", error, retry_in=retry_in, last_attempt=last)
+            self._traced(message, "failed", error, retry_in=retry_in, last_attempt=last)
             self.observer.rejected_copy_failed(message, exc, duration, retry_in, last)
             return
         # At once: until this delete, a crash leaves the original to be copied again.
         self.keeper.succeed(held, urgent=True)
-        self._traced("rejected", exc, dead_letter_queue=dlq.info.name)
+        self._traced(message, "rejected", exc, dead_letter_queue=dlq.info.name)
         self.observer.handler_rejected(message, exc, duration, dlq.info.name)
 
     def _dead_letters(self, arn: str) -> Transport:

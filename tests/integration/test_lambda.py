@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import boto3
 import pytest
 
 from sqsworker.lambdas import _md5_of_attributes, record
@@ -72,6 +73,82 @@ def test_the_powertools_handler_runs_unchanged_and_its_failures_reach_the_dlq(
     assert sorted(json.loads(m.body)["id"] for m in dead) == [3, 7]
     # Every allowed attempt, then moved (moto counts the receive that moved it, too).
     assert all(m.receive_count >= 3 for m in dead)
+    transport.close()
+
+
+IDEMPOTENT_APP = """
+import os
+
+from aws_lambda_powertools.utilities.batch import (
+    BatchProcessor,
+    EventType,
+    process_partial_response,
+)
+from aws_lambda_powertools.utilities.idempotency import (
+    DynamoDBPersistenceLayer,
+    IdempotencyConfig,
+    idempotent_function,
+)
+
+processor = BatchProcessor(event_type=EventType.SQS)
+persistence = DynamoDBPersistenceLayer(table_name=os.environ["IDEMPOTENCY_TABLE"])
+config = IdempotencyConfig(event_key_jmespath="order")
+
+
+@idempotent_function(data_keyword_argument="order", config=config, persistence_store=persistence)
+def charge(order: dict) -> str:
+    with open(os.environ["ORDERS_LEDGER"], "a") as ledger:
+        ledger.write(f"charged {order['order']}\\n")
+    return "charged"
+
+
+def record_handler(record):
+    charge(order=record.json_body)
+
+
+def lambda_handler(event, context):
+    config.register_lambda_context(context)
+    return process_partial_response(
+        event=event, record_handler=record_handler, processor=processor, context=context
+    )
+"""
+
+
+def test_powertools_idempotency_runs_unchanged_against_dynamodb(
+    local_env: LocalSQS, tmp_path: Path
+) -> None:
+    """Powertools' idempotency utility, its DynamoDB table on the same server: an order
+    sent three times is charged once."""
+    queue, table = unique("payments"), unique("idempotency")
+    local_env.create_queue(queue, max_receive_count=3, visibility_timeout=10)
+    dynamodb = boto3.client(
+        "dynamodb", endpoint_url=local_env.endpoint_url, region_name="us-east-1"
+    )
+    dynamodb.create_table(
+        TableName=table,
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    transport = SQSTransport.connect(queue, endpoint_url=local_env.endpoint_url)
+    send_all(transport, [json.dumps({"order": n}) for n in (1, 2, 1, 3, 1)])
+    (tmp_path / "payapp.py").write_text(IDEMPOTENT_APP)
+    ledger = tmp_path / "ledger.txt"
+    env = {
+        **os.environ,
+        **local_env.env(),
+        "ORDERS_LEDGER": str(ledger),
+        "IDEMPOTENCY_TABLE": table,
+        "AWS_LAMBDA_FUNCTION_NAME": "payments",
+    }
+    command = [sys.executable, "-m", "sqsworker.cli", "run", "payapp:lambda_handler", "--lambda"]
+    command += ["--queue", queue, "--burst", "--wait-time", "1", "--metrics-port", "off"]
+    ran = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(ledger.read_text().splitlines()) == ["charged 1", "charged 2", "charged 3"]
+    assert transport.counts().total == 0
     transport.close()
 
 

@@ -350,11 +350,60 @@ APPS = {
         f"handler shapeapp.thing {SIGNATURE} ()): make it take exactly one positional "
         "argument, like def thing(message)",
     ),
+    "async-batch": (
+        """
+        import sqsworker
+
+        @sqsworker.batch_handler()
+        async def thing(messages):
+            print("ran", len(messages))
+        """,
+        "batch handler shapeapp.thing is an async def function, and batch handlers run on "
+        "threads: write it as a plain def, or handle one message at a time with an async def "
+        "under @sqsworker.handler(...)",
+    ),
+    "list-as-one-message": (
+        """
+        import sqsworker
+
+        def thing(messages: list[sqsworker.Message]):
+            print("ran", len(messages))
+        """,
+        "handler shapeapp.thing takes a list of messages (its parameter is annotated so), but "
+        "is not a batch handler: decorate it with @sqsworker.batch_handler(...) to be given "
+        "lists of messages",
+    ),
+    "lambda-of-one-argument --lambda": (
+        """
+        def thing(event):
+            print("ran", event)
+        """,
+        "Lambda handler shapeapp.thing cannot be called with (event, context) (its signature "
+        "is (event)): write it as def handler(event, context)",
+    ),
+    "batch-size-on-a-message-handler --batch-size 5": (
+        """
+        def thing(message):
+            print("ran", message.body)
+        """,
+        "batch-size applies to batch handlers only, and shapeapp.thing handles one message at "
+        "a time: decorate it with @sqsworker.batch_handler(...), or leave the option out",
+    ),
+    "lambda-with-concurrency --lambda --concurrency 4": (
+        """
+        def thing(event, context):
+            print("ran", event)
+        """,
+        "concurrency is 4, and a Lambda handler runs one batch at a time, as in one Lambda "
+        "execution environment (its module-level state is not made for two at once): leave "
+        "--concurrency at 1 and run more replicas",
+    ),
 }
 
 
 @pytest.mark.parametrize(("source", "expected"), list(APPS.values()), ids=list(APPS))
 def test_sqsworker_run_refuses_the_handler_with_exit_2_and_leaves_the_queue_alone(
+    request: pytest.FixtureRequest,
     local_sqs: LocalSQS,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -371,7 +420,8 @@ def test_sqsworker_run_refuses_the_handler_with_exit_2_and_leaves_the_queue_alon
 
     # --burst and a short poll: were the handler accepted, the run would end (exit 0) soon
     # after handling the message, rather than at the timeout.
-    command = ["run", "shapeapp:thing", "--queue", queue, "--burst", "--wait-time", "1"]
+    extra = request.node.callspec.id.split(" ")[1:]  # the flags some cases run with
+    command = ["run", "shapeapp:thing", "--queue", queue, "--burst", "--wait-time", "1", *extra]
     result = subprocess.run(
         [sys.executable, "-m", "sqsworker.cli", *command, "--metrics-port", "off"],
         cwd=tmp_path,

@@ -15,7 +15,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from sqsworker import Message, Reject, tracing
+import sqsworker
+from sqsworker import BatchResult, Message, Reject, tracing
 from sqsworker.clock import FakeClock
 from sqsworker.transports import Envelope, OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS
@@ -82,6 +83,49 @@ def test_the_consumer_span_continues_the_producers_trace_and_holds_the_handlers_
     # The handler's log lines carry the ids of the span current where they are logged.
     assert seen["trace_id"] == format(send.context.trace_id, "032x")
     assert seen["span_id"] == format(child.context.span_id, "016x")
+
+
+def test_a_batch_has_one_span_linked_to_each_producer_holding_the_handlers_spans(
+    memory: MemorySQS, clock: FakeClock, spans: Any, traced: Any
+) -> None:
+    provider, exporter = spans
+
+    def ingest(messages: list[Message]) -> BatchResult:
+        with provider.get_tracer("app").start_as_current_span("insert rows"):
+            return BatchResult([m for m in messages if m.body == "bad"])
+
+    rig = Rig(
+        memory,
+        clock,
+        sqsworker.batch_handler()(ingest),
+        tracer=provider.get_tracer("sqsworker"),
+        batch_size=10,
+        batch_window=5.0,
+        concurrency=1,
+    )
+    sent = []
+    for body in ("good", "bad"):
+        with tracing.producing("jobs", 1):
+            sent.append(trace.get_current_span().get_span_context())
+            send_all(rig.queue, [tracing.injected(OutgoingMessage(body))])
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 1 and rig.count("failed") == 1)
+    assert rig.stop() == 0
+
+    process = only(exporter, "process jobs")
+    assert process.kind is SpanKind.CONSUMER and process.parent is None
+    assert process.attributes is not None
+    assert process.attributes["messaging.batch.message_count"] == 2
+    linked = {(link.context.trace_id, link.context.span_id) for link in process.links}
+    assert linked == {(s.trace_id, s.span_id) for s in sent}  # a link to each producer
+    child = only(exporter, "insert rows")
+    assert child.parent is not None and child.parent.span_id == process.context.span_id
+    # Each message's outcome is an event naming it, each success too.
+    failed = [e for e in process.events if e.name == "failed"]
+    assert len(failed) == 1 and failed[0].attributes is not None
+    (bad,) = [link for link in process.links if link.context.span_id == sent[1].span_id]
+    assert bad.attributes is not None
+    assert failed[0].attributes["messaging.message.id"] == bad.attributes["messaging.message.id"]
 
 
 def test_failures_retries_and_rejections_are_recorded_on_the_span(
