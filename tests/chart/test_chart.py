@@ -170,7 +170,7 @@ def test_every_worker_option_is_a_value_and_becomes_its_variable() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())["worker"]
     camel = {re.sub(r"_(\w)", lambda m: m[1].upper(), f.name): f.name for f in config.options()}
     del camel["burst"]  # a Deployment restarts a worker that exits: burst is for jobs
-    assert set(values) - {"handler"} == set(camel)
+    assert set(values) - {"handler", "lambda"} == set(camel)
     settings = [arg for key in camel for arg in ("--set", f"worker.{key}={_sample(camel[key])}")]
     pod = kinds(render(*REQUIRED, *settings))["Deployment"]["spec"]["template"]["spec"]
     env = {e["name"] for e in pod["containers"][0]["env"]}
@@ -185,6 +185,13 @@ def _sample(field: str) -> str:
     samples |= {"on_key_conflict": "reject", "payload_bucket": "orders-bodies"}
     samples |= {"delete_payloads": "false"}
     return samples.get(field, "5")
+
+
+def test_a_lambda_handler_runs_with_the_lambda_flag() -> None:
+    pod = kinds(render(*REQUIRED, "--set", "worker.lambda=true"))["Deployment"]["spec"]
+    container = pod["template"]["spec"]["containers"][0]
+    assert container["args"][-1] == "--lambda"
+    assert "SQSWORKER_LAMBDA" not in {e["name"] for e in container["env"]}  # a flag, not an option
 
 
 def test_tracing_values_become_opentelemetrys_own_variables() -> None:
