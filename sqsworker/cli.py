@@ -212,6 +212,10 @@ def run(
                 f"({exc.strerror or exc}); choose another --metrics-port, or pass off"
             )
             return EXIT_STARTUP
+    # Coroutine handlers past the shutdown timeout may hold helper threads (their own
+    # asyncio.to_thread calls too) that the interpreter would wait for at exit: then the
+    # process leaves at once, as thread handlers' daemon threads let it.
+    abandoned: int | None = None
     try:
         try:
             process.start()
@@ -234,6 +238,8 @@ def run(
             if signals.received.is_set():
                 process.request_stop()
         code = process.shutdown()
+        if code != 0 and any(w.handler.is_async for w in workers.values()):
+            abandoned = code
         for name, tally in tallies.items():
             logs.summary(
                 tally.counts, **({"handler": workers[name].handler.name} if several else {})
@@ -243,6 +249,10 @@ def run(
         if server:
             server.stop()
         tracing.shutdown()  # the spans still buffered go out before the process ends
+        if abandoned is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(abandoned)
 
 
 def local(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import functools
+import math
 import sys
 import threading
 import time
@@ -56,6 +57,7 @@ class EventLoopRunner:
         next_messages: Callable[[int], list[Any]],
         run_one: Callable[[Any], Awaitable[None]],
         observer: Observer,
+        give_back: Callable[[list[Any]], None],
     ) -> None:
         self.concurrency = concurrency
         self.helpers = min(concurrency, MAX_HELPERS)
@@ -63,6 +65,7 @@ class EventLoopRunner:
         self._next_messages = next_messages
         self._run_one = run_one
         self._observer = observer
+        self._give_back = give_back  # messages taken that no coroutine will run
         self._room = threading.Condition()  # guards _running; the dispatcher waits on it
         self._running = 0  # coroutines started and not yet ended
         self._loop = asyncio.new_event_loop()
@@ -71,6 +74,7 @@ class EventLoopRunner:
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_beat = time.monotonic()
+        self._stall = 0.0  # seconds the loop's last stall lasted, measured by its heartbeat
         self._loop_thread: int | None = None  # its ident, to show where it is stuck
         self._dispatching = False
         self._looping = False
@@ -92,9 +96,10 @@ class EventLoopRunner:
         return self._looping and (self._dispatching or self._closed.is_set()) and not self._faults
 
     def blocked_for(self) -> float:
-        """Seconds the loop has been late for its heartbeat: 0 while it runs freely."""
+        """Seconds the loop has been late for its heartbeat: 0 while it runs freely,
+        infinity once it ended without being closed."""
         if not self._looping:
-            return 0.0
+            return 0.0 if self._closed.is_set() else math.inf
         return max(0.0, time.monotonic() - self._last_beat - BEAT)
 
     async def offload(self, func: Callable[..., T], *args: Any) -> T:
@@ -129,7 +134,14 @@ class EventLoopRunner:
         beat = self._loop.create_task(self._heartbeat())
         self._loop.call_soon(ready.set)
         try:
-            self._loop.run_forever()
+            while True:
+                try:
+                    self._loop.run_forever()
+                    break  # stopped by close()
+                except (SystemExit, KeyboardInterrupt) as exc:
+                    # asyncio lets these out of run_forever from any task (one a handler
+                    # started, say): the loop goes on for every other coroutine.
+                    log.error("a task on the event loop raised; the loop runs on", error=repr(exc))
         finally:
             self._looping = False
             ready.set()
@@ -154,7 +166,11 @@ class EventLoopRunner:
                     return
                 with self._room:
                     self._running += len(batch)
-                self._loop.call_soon_threadsafe(self._begin, batch)
+                try:
+                    self._loop.call_soon_threadsafe(self._begin, batch)
+                except RuntimeError:  # the loop is closed: nothing will run them
+                    self._give_back(batch)
+                    return
         finally:
             self._dispatching = False
 
@@ -181,8 +197,11 @@ class EventLoopRunner:
 
     async def _heartbeat(self) -> None:
         while True:
-            self._last_beat = time.monotonic()
+            before = self._last_beat = time.monotonic()
             await asyncio.sleep(BEAT)
+            late = time.monotonic() - before - BEAT
+            if late >= BLOCKED:
+                self._stall = late  # how long the last stall lasted, for the watchdog
 
     async def _cancel_all(self, *more: asyncio.Task[None]) -> None:
         tasks = [t for t in (*self._tasks, *more) if not t.done()]
@@ -193,16 +212,15 @@ class EventLoopRunner:
     def _watch(self) -> None:
         """Report each stall of the loop once, with where the loop thread is stuck, and
         again when it ends, with how long it lasted."""
-        worst = 0.0
+        stalled = False
         while not self._closed.wait(BEAT):
             late = self.blocked_for()
-            if late >= BLOCKED and not worst:
+            if late >= BLOCKED and not stalled:
+                stalled = True
                 self._observer.loop_blocked(late, self._where())
-            if late >= BLOCKED:
-                worst = max(worst, late)
-            elif worst:
-                self._observer.loop_unblocked(worst + BEAT)
-                worst = 0.0
+            elif late < BLOCKED and stalled:
+                stalled = False
+                self._observer.loop_unblocked(self._stall)
 
     def _where(self) -> str:
         """The innermost lines the loop thread is running, as a traceback shows them."""

@@ -110,6 +110,8 @@ class ProcessHealth:
 
 
 def _loop(blocked: float) -> str:
+    if blocked == math.inf:
+        return "stopped"
     return f"blocked for {blocked:.1f}s by a handler's blocking call" if blocked else "ok"
 
 

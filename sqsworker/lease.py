@@ -304,6 +304,11 @@ class LeaseKeeper:
         with self._lock:
             return [h for h in self._held.values() if h.state is State.RUNNING]
 
+    def unsettled(self) -> list[Held]:
+        """Held messages not yet settled: running, or taken to run and not yet begun."""
+        with self._lock:
+            return [h for h in self._held.values() if h.state in (State.WAITING, State.RUNNING)]
+
     def held_count(self) -> int:
         with self._lock:
             return len(self._held)

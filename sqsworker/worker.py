@@ -278,15 +278,27 @@ class Worker:
 
     def _event_loop(self) -> EventLoopRunner:
         return EventLoopRunner(
-            self.config.concurrency, self.clock, self._next_batch, self._work_async, self.observer
+            self.config.concurrency,
+            self.clock,
+            self._next_batch,
+            self._work_async,
+            self.observer,
+            give_back=self._give_back,
         )
+
+    def _give_back(self, taken: list[Held]) -> None:
+        """Messages taken to run that nothing will run (the event loop is gone)."""
+        assert self.keeper is not None
+        for held in taken:
+            self.keeper.release(held, 0, "worker error", urgent=True)
+            self._finish(held, 0.0)
 
     @property
     def _threads(self) -> int:
         """Threads that call SQS, S3 or the store on a message's behalf besides the
         receive and lease threads: the handler threads, or a coroutine handler's helpers."""
-        if self.handler.is_async:
-            return min(self.config.concurrency, coroutines.MAX_HELPERS)
+        if self.handler.is_async:  # and each coroutine in asyncio.to_thread(...), at most
+            return self.config.concurrency + min(self.config.concurrency, coroutines.MAX_HELPERS)
         return self.config.concurrency
 
     def _open_idempotency(self) -> Idempotency | None:
@@ -367,9 +379,11 @@ class Worker:
                 self.clock.wait(self._slots, deadline)
             clean = self._unfinished == 0
 
-        # 5. Past the timeout, hand the still-running messages back for another worker.
-        #    Coroutine handlers still running are cancelled then (thread handlers cannot be).
-        overdue = [] if clean else self.keeper.running()
+        # 5. Past the timeout, hand the still-running messages back for another worker,
+        #    and those taken to run that never began (a coroutine that had not started, a
+        #    batch still being made ready): begun late, they are skipped. Coroutine
+        #    handlers still running are cancelled then (thread handlers cannot be).
+        overdue = [] if clean else self.keeper.unsettled()
         self.keeper.hand_back(overdue)
         if self._loop_runner:
             self._loop_runner.close()
@@ -583,6 +597,8 @@ class Worker:
                 except BaseException:
                     assert self.keeper is not None
                     finished = batch  # a fault of the worker's own: hand back what it holds
+                    with self._slots:  # any deferred meanwhile is handed back here, once
+                        self._deferred = [(d, h) for d, h in self._deferred if h not in batch]
                     for held in batch:
                         self.keeper.release(held, 0, "worker error", urgent=True)
                     raise
@@ -816,8 +832,8 @@ class Worker:
                 result = self.handler(message)
             finally:
                 structlog.contextvars.reset_contextvars(**tokens)
-            if inspect.isawaitable(result):
-                _refuse_awaitable(result, self.handler.name)
+            if inspect.iscoroutine(result):
+                _refuse_coroutine(result, self.handler.name)
         except BaseException as exc:  # SystemExit and the like too: the thread lives on
             self._settle(held, started, exc)
         else:
@@ -863,18 +879,31 @@ class Worker:
             try:
                 await self.handler(message)  # type: ignore[misc]
             except BaseException as exc:  # CancelledError too: settled, then passed on
-                if self._settling_blocks(exc):
-                    await offload(self._settle, held, started, exc)
-                else:
-                    self._settle(held, started, exc)
+                await self._settle_async(held, started, exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
             else:
-                if self._settling_blocks(None):
-                    await offload(self._settle, held, started, None)
-                else:
-                    self._settle(held, started, None)
+                await self._settle_async(held, started, None)
         return False
+
+    async def _settle_async(self, held: Held, started: float, error: BaseException | None) -> None:
+        """``_settle`` for a coroutine, on a helper thread when it calls the store or SQS.
+
+        A message handed back at the shutdown timeout had its coroutine cancelled there:
+        whatever it did after (raised, or returned swallowing the cancellation), its work
+        was cut short, so its key's claim is released, never completed, and nothing more
+        is reported: the hand-back was."""
+        assert self._loop_runner is not None
+        task = asyncio.current_task()
+        cancelled = isinstance(error, asyncio.CancelledError) or bool(task and task.cancelling())
+        if held.handed_back and cancelled:
+            if self.idempotency is not None:
+                await self._loop_runner.offload(self._release_claim, held.message)
+            return
+        if self._settling_blocks(error):
+            await self._loop_runner.offload(self._settle, held, started, error)
+        else:
+            self._settle(held, started, error)
 
     def _prepare(self, held: Held, started: float) -> _Step:
         """What comes before the handler: its body fetched from S3 if it was offloaded,
@@ -1155,12 +1184,11 @@ def _dead_letter_copy(message: Message, exc: BaseException, fifo: bool) -> Outgo
     )
 
 
-def _refuse_awaitable(result: Any, name: str) -> None:
+def _refuse_coroutine(result: Any, name: str) -> None:
     """A plain def handler returned a coroutine (it calls an async function without
-    awaiting it): nothing was done. Fail the message rather than delete it unrun."""
-    close = getattr(result, "close", None)
-    if callable(close):
-        close()  # no "coroutine was never awaited" warning on top of the failure
+    awaiting it): nothing was done. Fail the message rather than delete it unrun. (Other
+    awaitables, a future of work submitted elsewhere say, are a result like any other.)"""
+    result.close()  # no "coroutine was never awaited" warning on top of the failure
     raise TypeError(
         f"handler {name} returned {type(result).__name__} without running it: declare the "
         "handler async def and await the call, or call asyncio.run(...) inside it"

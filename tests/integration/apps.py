@@ -5,7 +5,8 @@ one short line are atomic, so several processes can share it): "start KIND ID
 RECEIVE PID" and "done KIND ID RECEIVE PID". The body's "sleep" is seconds to
 take; kind "fail" always raises, "fail_once" raises on the first receive.
 ``work_too`` is the same, for a second queue served by the same process;
-``work_async`` the same as an ``async def``, sleeping with ``asyncio.sleep``.
+``work_async`` the same as an ``async def``, sleeping with ``asyncio.sleep``;
+``work_in_thread`` an ``async def`` sleeping in ``asyncio.to_thread(time.sleep, ...)``.
 
 ``measure``: appends the SHA-256 and the length of the body it was given to $LEDGER.
 
@@ -59,6 +60,14 @@ async def work_async(message: sqsworker.Message) -> None:
         raise RuntimeError(f"order {body['id']} cannot be processed")
     if body.get("fail_once") and message.receive_count == 1:
         raise RuntimeError(f"order {body['id']} fails on its first attempt")
+    _record("done", body, message)
+
+
+@sqsworker.handler()
+async def work_in_thread(message: sqsworker.Message) -> None:
+    body = message.json()
+    _record("start", body, message)
+    await asyncio.to_thread(time.sleep, float(body.get("sleep", 0)))
     _record("done", body, message)
 
 

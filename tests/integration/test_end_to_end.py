@@ -89,6 +89,24 @@ def test_sigterm_hands_back_unstarted_and_lets_running_finish(
     print(f"\nSIGTERM -> 8 unstarted messages visible again after {handed_back_after:.2f} s")
 
 
+def test_past_the_shutdown_timeout_a_coroutine_in_a_thread_does_not_keep_the_process(
+    scenario: Scenario,
+) -> None:
+    """A coroutine waiting on asyncio.to_thread past --shutdown-timeout: its message is
+    handed back and the process exits (1) at once, not when the thread's call ends."""
+    scenario.send("stuck", 1, sleep=120)
+    worker = scenario.worker(
+        "--shutdown-timeout", "1", "--visibility-timeout", "30", handler="work_in_thread"
+    )
+    wait_until(lambda: len(scenario.ledger.count("start")) == 1, timeout=30, what="the start")
+    signalled = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 1, scenario.logs()
+    assert time.monotonic() - signalled < 15  # the wait time (1 s), the timeout, the flush
+    assert scenario.queue.counts().visible == 1  # handed back for another worker
+    assert "summary" in scenario.logs()
+
+
 def test_after_kill_9_another_worker_finishes_the_messages(scenario: Scenario) -> None:
     scenario.send("slow", 4, sleep=2)
     victim = scenario.worker("--visibility-timeout", "3", "--concurrency", "4")

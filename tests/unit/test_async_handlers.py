@@ -21,6 +21,7 @@ from sqsworker.errors import TransportError
 from sqsworker.events import Observer
 from sqsworker.logs import LogObserver
 from sqsworker.metrics import Metrics
+from sqsworker.stores import State
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS
@@ -246,17 +247,19 @@ def test_a_handler_blocking_the_loop_shows_in_health_logs_and_metrics_naming_whe
     rig = Rig(memory, clock, blocks_the_loop, observers=observers, stall_timeout=3)
     rig.send("x")
     rig.worker.start()
-    wait_until(lambda: bool(stalls.blocked), what="the stall reported")
-    seconds, where = stalls.blocked[0]
-    assert seconds >= 0.5
-    assert "blocks_the_loop" in where and "unblock.wait(30)" in where
-    health = rig.worker.health()
-    assert health.loop_blocked is not None and health.loop_blocked >= 0.5
-    assert health.as_dict()["event_loop"].startswith("blocked for")
-    assert health.live  # within --stall-timeout
-    wait_until(lambda: (rig.worker.health().loop_blocked or 0) > 3, what="past --stall-timeout")
-    assert not rig.worker.health().live
-    unblock.set()
+    try:
+        wait_until(lambda: bool(stalls.blocked), what="the stall reported")
+        seconds, where = stalls.blocked[0]
+        assert seconds >= 0.5
+        assert "blocks_the_loop" in where and "unblock.wait(30)" in where
+        health = rig.worker.health()
+        assert health.loop_blocked is not None and health.loop_blocked >= 0.5
+        assert health.as_dict()["event_loop"].startswith("blocked for")
+        assert health.live is (health.loop_blocked <= 3)  # live within --stall-timeout
+        wait_until(lambda: (rig.worker.health().loop_blocked or 0) > 3, what="past it")
+        assert not rig.worker.health().live
+    finally:
+        unblock.set()
     wait_until(lambda: bool(stalls.unblocked), what="the end of the stall reported")
     assert stalls.unblocked[0] > 3
     assert rig.worker.health().live and rig.worker.health().as_dict()["event_loop"] == "ok"
@@ -374,3 +377,123 @@ def test_an_async_handler_inside_a_traced_worker_nests_its_spans(
     parents = {s.parent.span_id for s in finished if s.name.startswith("call ") and s.parent}
     assert len(processes) == 2 and parents == processes  # each under its own message's span
     provider.shutdown()
+
+
+# Found by review: each reproduced on the in-memory SQS before it was fixed -----------
+
+
+def stop_past_timeout(rig: Rig, clock: FakeClock) -> int:
+    """Request a stop and shut down, moving the fake clock past --shutdown-timeout."""
+    rig.worker.request_stop()
+    result: list[int] = []
+    stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
+    stopper.start()
+    while stopper.is_alive():
+        clock.advance(1)
+        stopper.join(0.05)
+    return result[0]
+
+
+def test_a_message_taken_whose_coroutine_never_began_is_handed_back_at_the_timeout(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    unblock, blocking = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    async def handler(message: Message) -> None:
+        ran.append(message.body)
+        if message.body == "block":
+            blocking.set()
+            unblock.wait(30)  # a blocking call: the loop stalls, "b" cannot start
+
+    rig = Rig(memory, clock, handler, concurrency=2, shutdown_timeout=5, visibility_timeout=60)
+    rig.send("block")
+    rig.worker.start()
+    try:
+        assert blocking.wait(10)
+        rig.send("b")
+        runner = rig.worker._loop_runner
+        assert runner is not None
+        rig.advance_until(lambda: runner._running == 2)  # taken, its coroutine made, not begun
+        assert stop_past_timeout(rig, clock) == 1
+        assert rig.count("handed_back") == 2  # "b" too, not left invisible until its lease ends
+        assert rig.queue.counts().visible == 2
+    finally:
+        unblock.set()
+    wait_until(lambda: not runner._looping or rig.worker.in_hand == 0, timeout=5)
+    assert ran == ["block"]  # "b" never ran after the shutdown
+
+
+def test_a_plain_def_returning_some_other_awaitable_succeeds_untouched(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    class Submitted:  # a future of work handed elsewhere, say
+        closed = False
+
+        def __await__(self) -> Any:
+            yield
+
+        def close(self) -> None:
+            self.closed = True
+
+    returned: list[Submitted] = []
+
+    def submit(message: Message) -> Submitted:
+        returned.append(Submitted())
+        return returned[-1]
+
+    rig = Rig(memory, clock, submit)
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("deleted", 1)
+    assert rig.count("failed") == 0 and not returned[0].closed
+    assert rig.stop() == 0
+
+
+def test_a_task_raising_system_exit_does_not_end_the_loop(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    async def exits() -> None:
+        raise SystemExit(0)  # a library calling sys.exit() in a task of its own
+
+    tasks: list[asyncio.Task[None]] = []
+
+    async def handler(message: Message) -> None:
+        if message.body == "first":
+            tasks.append(asyncio.get_running_loop().create_task(exits()))
+            await asyncio.sleep(0.01)
+
+    rig = Rig(memory, clock, handler, concurrency=1)
+    rig.send("first")
+    rig.worker.start()
+    rig.wait_for("deleted", 1)
+    rig.send("second", "third")
+    rig.advance_until(lambda: rig.count("deleted") == 3)
+    assert rig.worker.health().live and rig.worker.health().as_dict()["event_loop"] == "ok"
+    assert rig.stop() == 0
+    assert isinstance(tasks[0].exception(), SystemExit)  # retrieved: no warning at exit
+
+
+def test_a_coroutine_that_swallows_its_cancellation_does_not_complete_its_key(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    store = MemoryStore()
+    started = threading.Event()
+    done: list[str] = []
+
+    async def handler(message: Message) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)  # the work, cut short by the shutdown's timeout
+            done.append(message.body)
+        except asyncio.CancelledError:
+            pass  # swallowed: returns as if done
+
+    rig = Rig(memory, clock, handler, store=store, shutdown_timeout=5)
+    send_all(rig.queue, [keyed("charge order 1", "order-1")])
+    rig.worker.start()
+    assert started.wait(10)
+    assert stop_past_timeout(rig, clock) == 1
+    assert rig.count("succeeded") == 0 and rig.queue.counts().visible == 1
+    record = store.get(f"{rig.queue.info.name}/order-1")
+    assert record is None or record.state is not State.COMPLETED  # released, not completed
