@@ -203,6 +203,11 @@ def _shape_problem(func: object, batch: bool = False) -> str | None:
         signature = inspect.signature(func)
     except (TypeError, ValueError):
         return None  # no signature to read (some builtins): let it run
+    if list(signature.parameters)[:2] == ["event", "context"]:
+        return (
+            f"handler {name} takes (event, context), as a Lambda handler does: run it with "
+            "sqsworker run ... --lambda, or decorate it with @sqsworker.lambda_handler(...)"
+        )
     try:
         signature.bind(object())
     except TypeError:

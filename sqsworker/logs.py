@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from . import tracing
+from .batches import BatchItemFailed
 from .errors import Reject
 from .events import Observer
 from .lanes import HANDED_BACK_BEHIND
@@ -152,7 +153,8 @@ class LogObserver(Observer):
                 "dead-letter queue on its next receive",
                 error=_error(error),
                 max_receive_count=self.max_receive_count,
-                exc_info=error,
+                # A failure a batch handler reported has no trace of its own to show.
+                exc_info=None if isinstance(error, BatchItemFailed) else error,
             )
         else:
             log.warning(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
@@ -74,11 +75,12 @@ class Message:
         cls,
         body: str | Mapping[str, Any] | list[Any],
         *,
-        message_id: str = "test-message",
+        message_id: str | None = None,
         **attributes: str,
     ) -> Message:
         """A message with no queue behind it, for unit-testing a handler. A dict or list
-        body is sent as its JSON text, as a producer would send it."""
+        body is sent as its JSON text, as a producer would send it. Each gets an id of its
+        own (a batch handler's result names messages by it) unless ``message_id`` is given."""
         if not isinstance(body, str):
             try:
                 body = json.dumps(body)
@@ -86,6 +88,7 @@ class Message:
                 raise TypeError(
                     f"Message.build takes a str, or a dict or list as JSON: {exc}"
                 ) from None
+        message_id = message_id or f"test-{uuid.uuid4()}"
         return cls(Envelope(message_id, "", body, {"ApproximateReceiveCount": "1", **attributes}))
 
     @property

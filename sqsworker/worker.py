@@ -256,7 +256,9 @@ class Worker:
                 raise ConfigError(
                     f"{given[0].replace('_', '-')} applies to batch handlers only, and "
                     f"{self.handler.name} handles one message at a time: decorate it with "
-                    "@sqsworker.batch_handler(...), or leave the option out",
+                    "@sqsworker.batch_handler(...), leave the option out, or set it for the "
+                    f"batch handler alone (--set NAME.{given[0]}=N, or "
+                    f"SQSWORKER_NAME__{given[0].upper()})",
                     field=given[0],
                 )
             return 1, 0.0

@@ -38,7 +38,8 @@ def test_the_powertools_handler_runs_unchanged_and_its_failures_reach_the_dlq(
     # docs/lambda.md's line, on this test's queue, with quick polls and backoff
     (line,) = snippet("docs/lambda.md", "--lambda --queue orders").text.splitlines()
     documented = shlex.split(line.replace("--queue orders", f"--queue {queue}"))
-    assert documented[:2] == ["sqsworker", "run"]
+    assert documented[:3] == ["ORDERS_LEDGER=orders.txt", "sqsworker", "run"]
+    documented = documented[1:]  # the ledger goes in the test's folder instead
     command = [
         sys.executable,
         "-m",

@@ -387,7 +387,16 @@ APPS = {
             print("ran", message.body)
         """,
         "batch-size applies to batch handlers only, and shapeapp.thing handles one message at "
-        "a time: decorate it with @sqsworker.batch_handler(...), or leave the option out",
+        "a time: decorate it with @sqsworker.batch_handler(...), leave the option out, or set "
+        "it for the batch handler alone (--set NAME.batch_size=N, or SQSWORKER_NAME__BATCH_SIZE)",
+    ),
+    "lambda-without-the-flag": (
+        """
+        def thing(event, context):
+            print("ran", event)
+        """,
+        "handler shapeapp.thing takes (event, context), as a Lambda handler does: run it with "
+        "sqsworker run ... --lambda, or decorate it with @sqsworker.lambda_handler(...)",
     ),
     "lambda-with-concurrency --lambda --concurrency 4": (
         """

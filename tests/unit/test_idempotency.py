@@ -403,7 +403,7 @@ def test_transaction_without_a_sql_store_says_what_to_do(
 def test_key_policies_name_what_is_missing() -> None:
     from sqsworker.keys import parse
 
-    message = Message.build('{"order": {"id": [1]}}')
+    message = Message.build('{"order": {"id": [1]}}', message_id="test-message")
     with pytest.raises(IdempotencyKeyError, match="it must be a string or a whole number"):
         parse("json:order.id")(message)
     with pytest.raises(IdempotencyKeyError, match="has no message attribute 'key'"):
