@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 Failed = Iterable[Any] | Mapping[Any, BaseException | None]
 
 
+class BatchReportError(Exception):
+    """A batch handler's report that cannot be trusted (of the wrong type, or naming a
+    message not in the batch): the whole batch fails, and is retried after the backoff
+    whatever ``--non-retryable`` says, as Lambda retries such a batch."""
+
+
 class BatchItemFailed(Exception):
     """A message its batch handler reported failed without saying why: retried after the
     backoff, like any other failure."""
@@ -63,7 +69,7 @@ def outcomes(
         return [None] * len(messages)
     wrong: Exception
     if not isinstance(result, BatchResult):
-        wrong = TypeError(
+        wrong = BatchReportError(
             f"the batch handler returned {type(result).__name__}, not None or a "
             "sqsworker.BatchResult: the whole batch fails"
         )
@@ -71,7 +77,7 @@ def outcomes(
     ids = {m.message_id for m in messages}
     unknown = sorted(set(result.failed) - ids)
     if unknown:
-        wrong = ValueError(
+        wrong = BatchReportError(
             f"the batch handler reported {', '.join(map(repr, unknown[:3]))} failed, which "
             "is not a message of its batch: the whole batch fails"
         )

@@ -27,7 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .batches import BatchResult
+from .batches import BatchReportError, BatchResult
+from .errors import ConfigError
 from .message import Message
 
 LambdaFunc = Callable[[dict[str, Any], Any], object]
@@ -35,7 +36,7 @@ LambdaFunc = Callable[[dict[str, Any], Any], object]
 DEFAULT_MEMORY_MB = 128  # Lambda's default; AWS_LAMBDA_FUNCTION_MEMORY_SIZE overrides it
 
 
-class LambdaResultError(TypeError):
+class LambdaResultError(BatchReportError):
     """A Lambda handler's result is not what ReportBatchItemFailures reads."""
 
 
@@ -47,9 +48,7 @@ class LambdaContext:
         self.function_name = function_name
         self.function_version = os.environ.get("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
         self.invoked_function_arn = f"arn:aws:lambda:{region}:{account}:function:{function_name}"
-        self.memory_limit_in_mb = int(
-            os.environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", DEFAULT_MEMORY_MB)
-        )
+        self.memory_limit_in_mb = memory_size()
         self.aws_request_id = str(uuid.uuid4())
         self.log_group_name = f"/aws/lambda/{function_name}"
         day = datetime.now(UTC).strftime("%Y/%m/%d")
@@ -68,10 +67,25 @@ class LambdaContext:
         return f"<LambdaContext {self.function_name} {self.aws_request_id}>"
 
 
+def memory_size() -> int:
+    """``$AWS_LAMBDA_FUNCTION_MEMORY_SIZE`` (megabytes), else Lambda's default."""
+    raw = os.environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "")
+    if not raw:
+        return DEFAULT_MEMORY_MB
+    if not raw.isdigit() or int(raw) == 0:
+        raise ConfigError(
+            f"AWS_LAMBDA_FUNCTION_MEMORY_SIZE is {raw!r}, and the context's "
+            "memory_limit_in_mb is a whole number of megabytes: set it as Lambda does "
+            "(e.g. 1024), or unset it for 128"
+        )
+    return int(raw)
+
+
 class LambdaAdapter:
     """A batch handler that calls ``func(event, context)`` and reads its result."""
 
     def __init__(self, func: LambdaFunc) -> None:
+        memory_size()  # a malformed value is refused at start, not on every batch
         self.function = func  # not "func": Handler copies this __dict__ onto itself
         self.__module__ = getattr(func, "__module__", None) or "?"
         self.__qualname__ = getattr(func, "__qualname__", repr(func))
@@ -97,7 +111,8 @@ def read_result(result: object, ids: Sequence[str]) -> BatchResult:
     failures = result.get("batchItemFailures")
     if failures is None:
         return BatchResult()
-    if not isinstance(failures, list):
+    # What Lambda reads is the result as JSON: a tuple is a list there.
+    if not isinstance(failures, (list, tuple)):
         raise LambdaResultError(
             f"batchItemFailures is a {type(failures).__name__}, not a list of "
             '{"itemIdentifier": <messageId>}'

@@ -46,7 +46,11 @@ def find_handlers(targets: Sequence[str], as_lambda: bool = False) -> list[Named
             handler = as_handler(import_from_string(target), target, as_lambda)
             found.append(Named(attr.rsplit(".", 1)[-1], handler, target))
             continue
-        found.extend(_module_handlers(target))
+        # With --lambda, every handler the module holds must be a Lambda handler.
+        found.extend(
+            Named(n.name, as_handler(n.handler, n.target, as_lambda), n.target)
+            for n in _module_handlers(target)
+        )
     names: dict[str, Named] = {}
     for named in found:
         same = names.get(config.handler_env_name(named.name))

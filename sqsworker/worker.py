@@ -667,30 +667,32 @@ class Worker:
             ready: list[Held] = []
             kept: list[Held] = []
             behind: list[Held] = []
-            stopped: set[str | None] = set()  # FIFO groups a message of which did not go
+            # FIFO: a group stops at a message that did not go; those after it in the
+            # batch must not run before it, and go back behind it.
+            stopped: set[str | None] | None = set() if fifo else None
             for held in batch:
                 group = held.message.group_id
-                if fifo and group in stopped:
-                    behind.append(held)  # must not run before the one that stopped
+                if stopped is not None and group in stopped:
+                    behind.append(held)
                     continue
                 if not self.keeper.begin(held):
                     self.observer.handler_skipped(
                         held.message, "its lease was lost while it waited to start"
                     )
                 else:
-                    step = self._prepare(held, started)
+                    step = self._prepare(held, started, keep=not fifo)
                     if step is _Step.RUN:
                         ready.append(held)
                         continue
                     if step is _Step.KEEP:
                         kept.append(held)
-                if not held.gone:
+                if stopped is not None and not held.gone:
                     stopped.add(group)
-            ready = self._still_ready(ready, stopped if fifo else None, behind)
+            ready = self._still_ready(ready, stopped, behind)
             if ready:
                 for held in ready:
                     self.observer.handler_started(held.message)
-                self._call_batch(ready, started, stopped if fifo else None, behind)
+                self._call_batch(ready, started, stopped, behind)
             for held in behind:
                 self.keeper.release(held, 0, HANDED_BACK_BEHIND, urgent=True)
         return [held for held in batch if held not in kept]
@@ -700,12 +702,16 @@ class Worker:
     ) -> list[Held]:
         """Those of ``ready`` whose lease is still alive now that the whole batch was made
         ready (the store or S3 may have taken long): the others are not run, and on a FIFO
-        queue (``stopped`` given) neither are their group's later messages."""
+        queue (``stopped`` given) neither are their group's later ones in the batch.
+
+        ``ready`` is in batch order, and a group in ``stopped`` stopped after each of its
+        messages here (a later one stopped it): only what stops here cuts a group short."""
         assert self.keeper is not None
         still = []
+        cut: set[str | None] = set()
         for held in ready:
             group = held.message.group_id
-            if stopped is not None and group in stopped:
+            if group in cut:
                 self._release_claim(held.message)
                 behind.append(held)
             elif self.keeper.still_running(held):
@@ -716,7 +722,7 @@ class Worker:
                     held.message, "its lease ran out while its batch was made ready"
                 )
                 if stopped is not None:
-                    stopped.add(group)
+                    cut.add(group)
         return still
 
     def _call_batch(
@@ -728,7 +734,8 @@ class Worker:
     ) -> None:
         """Call the handler with ``ready`` and settle each by its outcome. On a FIFO queue
         (``stopped`` given), a group's messages after one that failed go ``behind``, with
-        their key's claim completed if the handler did them, else released."""
+        their key's claim completed if the handler did them, else released. (Those the
+        group stopped at before the call were never ready: ``ready`` ends before them.)"""
         messages = [held.message for held in ready]
         returned: object = None
         raised: BaseException | None = None
@@ -745,10 +752,11 @@ class Worker:
         finally:
             structlog.contextvars.reset_contextvars(**tokens)
         outcomes = batches.outcomes(messages, returned, raised)
+        cut: set[str | None] = set()  # FIFO groups a message of which failed here
         try:
             for held, error in zip(ready, outcomes, strict=True):
                 group = held.message.group_id
-                if stopped is not None and group in stopped:
+                if group in cut:
                     if error is None:
                         self._complete_claim(held.message)  # done: its return is dropped
                     else:
@@ -757,7 +765,7 @@ class Worker:
                     continue
                 self._settle(held, started, error)
                 if stopped is not None and not held.gone:
-                    stopped.add(group)
+                    cut.add(group)
         finally:
             del raised, outcomes  # no cycle through the traceback
 
@@ -907,10 +915,10 @@ class Worker:
         else:
             self._settle(held, started, error)
 
-    def _prepare(self, held: Held, started: float) -> _Step:
+    def _prepare(self, held: Held, started: float, keep: bool = True) -> _Step:
         """What comes before the handler: its body fetched from S3 if it was offloaded,
         its idempotency key claimed. RUN the handler, KEEP it to look at again, or DONE
-        (settled here)."""
+        (settled here). Without ``keep``, a busy key's message is returned, not kept."""
         assert self.keeper is not None
         message = held.message
         if is_offloaded(message.raw_message_attributes):
@@ -929,7 +937,7 @@ class Worker:
                 )
                 return _Step.DONE
         if self.idempotency:
-            verdict = self._admit(held, started)
+            verdict = self._admit(held, started, keep)
             if verdict is not Verdict.RUN:
                 return _Step.KEEP if verdict is Verdict.BUSY else _Step.DONE
             if not self.keeper.still_running(held):  # the claim took longer than the lease
@@ -959,6 +967,8 @@ class Worker:
             self._fail(held, error, started, delay=None)
 
     def _rejects(self, error: BaseException) -> bool:
+        if isinstance(error, batches.BatchReportError):  # ours, not the handler's: retried
+            return False
         return isinstance(error, Exception) and isinstance(
             error, (Reject, *self.config.non_retryable)
         )
@@ -972,9 +982,10 @@ class Worker:
 
     # -- idempotency: each store call's failure is reported, and never loses the message --
 
-    def _admit(self, held: Held, started: float) -> Verdict | None:
+    def _admit(self, held: Held, started: float, keep: bool = True) -> Verdict | None:
         """Claim the message's key: RUN, run the handler; BUSY, kept to look again later;
-        anything else (None when no verdict could be had): settled here."""
+        anything else (None when no verdict could be had): settled here. Without ``keep``
+        (a FIFO batch), a busy key's message goes back to the queue for its wait instead."""
         assert self.keeper is not None and self.idempotency is not None
         message = held.message
         try:
@@ -1007,6 +1018,12 @@ class Worker:
             # Held, not returned: a return would use up a receive, and a duplicate that
             # keeps meeting its original would end in the dead-letter queue.
             retry_in = min(max(1.0, admission.retry_in), self.config.visibility_timeout)
+            if not keep:
+                # Held, it could be taken to run beside its group's earlier messages.
+                self.keeper.release(held, retry_in, "its idempotency key is in progress elsewhere")
+                self._traced(message, "deferred", retry_in=retry_in)
+                self.observer.duplicate_deferred(message, retry_in)
+                return None
             with self._slots:
                 closing = self._closing  # shutdown took the deferred ones already
                 if not closing:

@@ -5,6 +5,7 @@ The worker runs on the in-memory SQS with a fake clock; each test waits on state
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -343,3 +344,151 @@ def test_a_batch_size_of_0_or_a_negative_window_is_refused(option: str, value: f
     with pytest.raises(ConfigError) as raised:
         WorkerConfig(queue="q", **{option: value})
     assert raised.value.field == option
+
+
+# Found by review: each reproduced on the in-memory SQS before it was fixed -----------
+
+
+def keyed_in_group(body: str, key: str) -> OutgoingMessage:
+    return OutgoingMessage(
+        body,
+        group_id="g",
+        deduplication_id=body,
+        message_attributes={"idempotency-key": {"DataType": "String", "StringValue": key}},
+    )
+
+
+def test_a_fifo_message_whose_key_is_busy_stops_its_group_there_not_before(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    store = MemoryStore()
+    digest = hashlib.sha256(b"g:1").hexdigest()[:32]
+    # Another worker holds g:1's key for 5 s: it is running elsewhere.
+    assert store.claim("jobs.fifo/k1", "elsewhere", digest, clock.time() + 5, clock.time()) is None
+    handler = Batches()
+    rig = batch_rig(
+        memory, clock, handler, queue="jobs.fifo", dead_letter=False, store=store, concurrency=1
+    )
+    send_all(rig.queue, [keyed_in_group(f"g:{n}", f"k{n}") for n in range(3)])
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("deleted") == 3)
+    assert handler.bodies == ["g:0", "g:1", "g:2"]  # g:0 ran first, g:1 and g:2 after it
+    assert handler.batches[0] == ["g:0"]
+    assert rig.stop() == 0
+
+
+def test_past_the_shutdown_timeout_a_batch_being_made_ready_is_handed_back_whole(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    class SlowFirstClaim(MemoryStore):
+        entered, release = threading.Event(), threading.Event()
+
+        def claim(self, key: str, *args: Any) -> Any:
+            if key.endswith("/k0"):
+                self.entered.set()
+                self.release.wait(30)
+            return super().claim(key, *args)
+
+    store = SlowFirstClaim()
+    handler = Batches()
+    rig = batch_rig(
+        memory,
+        clock,
+        handler,
+        store=store,
+        concurrency=1,
+        shutdown_timeout=5,
+        visibility_timeout=60,
+    )
+    send_all(rig.queue, [keyed(f"m{n}", f"k{n}") for n in range(3)])
+    rig.worker.start()
+    try:
+        assert store.entered.wait(10)
+        rig.worker.request_stop()
+        result: list[int] = []
+        stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
+        stopper.start()
+        while stopper.is_alive():
+            clock.advance(1)
+            stopper.join(0.05)
+        assert result == [1]
+        assert rig.queue.counts().visible == 3  # m1 and m2 too, not invisible for 60 s
+    finally:
+        store.release.set()
+    wait_until(lambda: rig.worker.in_hand == 0)
+    assert handler.batches == []  # nothing ran after the shutdown
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # by design
+def test_a_worker_fault_after_a_deferral_finishes_each_message_once(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    class Faulty(MemoryStore):
+        raised = False
+
+        def claim(self, key: str, *args: Any) -> Any:
+            if key.endswith("/k2") and not self.raised:
+                self.raised = True
+                raise RuntimeError("a store's bug, not a StoreError")
+            return super().claim(key, *args)
+
+    store = Faulty()
+    digest = hashlib.sha256(b"m1").hexdigest()[:32]
+    store.claim("jobs/k1", "elsewhere", digest, clock.time() + 3, clock.time())  # m1: busy
+    rig = batch_rig(memory, clock, Batches(), store=store, concurrency=2)
+    send_all(rig.queue, [keyed("m1", "k1"), keyed("m2", "k2")])
+    seen = []
+    rig.worker.start()
+    for _ in range(40):
+        clock.advance(0.5)
+        threading.Event().wait(0.005)
+        seen.append(rig.worker.in_hand)
+    assert min(seen) >= 0  # went to -1: the deferred one was finished twice
+    rig.stop()
+
+
+def test_a_report_that_cannot_be_trusted_is_retried_whatever_non_retryable_says(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    rig = batch_rig(
+        memory,
+        clock,
+        Batches(lambda batch: BatchResult(["no-such-id"])),
+        non_retryable=(ValueError, TypeError),
+    )
+    rig.send("a", "b")
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("failed") == 2)
+    assert rig.count("rejected") == 0 and rig.dlq is not None and rig.dlq.counts().total == 0
+    assert rig.stop() == 0
+
+
+def test_a_busy_fifo_message_is_not_run_beside_its_groups_earlier_one(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    store = MemoryStore()
+    digest = hashlib.sha256(b"g:1").hexdigest()[:32]
+    assert store.claim("jobs.fifo/k1", "elsewhere", digest, clock.time() + 2, clock.time()) is None
+    release = threading.Event()
+
+    def answer(messages: list[Message]) -> None:
+        if any(m.body == "g:0" for m in messages):
+            release.wait(30)  # g:0 runs long
+
+    handler = Batches(answer)
+    rig = batch_rig(
+        memory, clock, handler, queue="jobs.fifo", dead_letter=False, store=store, concurrency=2
+    )
+    send_all(rig.queue, [keyed_in_group(f"g:{n}", f"k{n}") for n in range(2)])
+    rig.worker.start()
+    try:
+        wait_until(lambda: handler.batches == [["g:0"]])
+        for _ in range(20):  # g:1's key is free again, g:0 still runs
+            clock.advance(1)
+            threading.Event().wait(0.005)
+        assert handler.batches == [["g:0"]]  # g:1 waits for g:0, as its group must
+    finally:
+        release.set()
+    rig.advance_until(lambda: rig.count("deleted") == 2)
+    assert handler.bodies == ["g:0", "g:1"]
+    assert rig.stop() == 0

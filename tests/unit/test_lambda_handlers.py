@@ -292,3 +292,35 @@ def test_the_powertools_example_runs_unchanged(
     stored = sorted(int(line.split()[0]) for line in ledger.read_text().splitlines())
     assert stored == [0, 1, 2, 4, 5]
     assert rig.stop() == 0
+
+
+def test_failures_listed_in_a_tuple_are_read_as_lambda_reads_json() -> None:
+    result = read_result({"batchItemFailures": ({"itemIdentifier": "m2"},)}, ["m1", "m2"])
+    assert list(result.failed) == ["m2"]
+
+
+def test_a_malformed_memory_size_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1GB")
+    with pytest.raises(ConfigError) as raised:
+        as_handler(no_context_either, "app:handler", True)
+    assert str(raised.value).startswith("AWS_LAMBDA_FUNCTION_MEMORY_SIZE is '1GB'")
+
+
+def no_context_either(event: dict[str, Any], context: Any) -> None:
+    pass
+
+
+def test_lambda_applies_to_every_handler_a_module_target_names(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqsworker.process import find_handlers
+
+    (tmp_path / "mixedapp.py").write_text(
+        "import sqsworker\n\n@sqsworker.handler(queue='q')\ndef process(message):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(HandlerShapeError) as raised:
+        find_handlers(["mixedapp"], as_lambda=True)
+    assert str(raised.value).startswith(
+        "mixedapp:process is a handler of one message, and --lambda"
+    )
