@@ -140,7 +140,10 @@ class EventLoopRunner:
                     break  # stopped by close()
                 except (SystemExit, KeyboardInterrupt) as exc:
                     # asyncio lets these out of run_forever from any task (one a handler
-                    # started, say): the loop goes on for every other coroutine.
+                    # started, say): the loop goes on for every other coroutine, unless
+                    # close() began (run_forever forgets a stop() of the same pass).
+                    if self._closed.is_set():
+                        break
                     log.error("a task on the event loop raised; the loop runs on", error=repr(exc))
         finally:
             self._looping = False

@@ -79,7 +79,7 @@ class Held:
         self.renewals = 0
         self.near_cap_warned = False
         self.outcome: str | None = None  # "delete" or "return", once one is queued
-        self.handed_back = False  # returned while its handler still ran (shutdown timeout)
+        self.handed_back = False  # returned at shutdown while held: it may no longer begin
         self.busy = False  # a call about its receipt handle is under way
         self.renewing = False  # a renewal of it is queued or under way
         self.renewal_wanted = False  # extend() asked for a renewal not sent yet
@@ -230,7 +230,7 @@ class LeaseKeeper:
         """Mark a waiting message as running; False if it was lost or handed back meanwhile."""
         with self._wake:
             self._lapse(held, self.clock.monotonic())
-            if held.state is not State.WAITING:
+            if held.state is not State.WAITING or held.handed_back:
                 return False
             held.state = State.RUNNING
             return True
@@ -291,11 +291,14 @@ class LeaseKeeper:
     def hand_back(self, held: Sequence[Held]) -> None:
         """Make these messages visible again at once (shutdown).
 
-        A handler still running on one is told its lease is lost from now on.
+        A handler still running on one is told its lease is lost from now on; one about
+        to begin cannot.
         """
         for h in held:
             with self._wake:
-                if h.state is State.RUNNING:
+                # Marked before its return is queued, in one step with the state read:
+                # a begin() in between (a thread that had just taken it) must fail.
+                if h.state in (State.WAITING, State.RUNNING):
                     h.handed_back = True
                     self._wake.notify_all()  # an extend() waiting on it raises LeaseLost
             self.release(h, 0, "shutdown", urgent=True)

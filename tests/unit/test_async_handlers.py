@@ -16,7 +16,8 @@ import pytest
 import structlog
 
 from sqsworker import Message, Reject, Retry
-from sqsworker.clock import FakeClock
+from sqsworker.clock import FakeClock, SystemClock
+from sqsworker.coroutines import EventLoopRunner
 from sqsworker.errors import TransportError
 from sqsworker.events import Observer
 from sqsworker.logs import LogObserver
@@ -497,3 +498,21 @@ def test_a_coroutine_that_swallows_its_cancellation_does_not_complete_its_key(
     assert rig.count("succeeded") == 0 and rig.queue.counts().visible == 1
     record = store.get(f"{rig.queue.info.name}/order-1")
     assert record is None or record.state is not State.COMPLETED  # released, not completed
+
+
+def test_a_stop_from_close_is_not_forgotten_when_a_task_exits_in_the_same_pass() -> None:
+    runner = EventLoopRunner(1, SystemClock(), lambda n: [], _nothing, Observer(), lambda b: None)
+    runner.start()
+
+    def exits() -> None:
+        raise SystemExit(0)
+
+    runner._closed.set()  # as close() does before it sends the loop its stop
+    loop = runner._loop
+    loop.call_soon_threadsafe(lambda: (loop.call_soon(loop.stop), loop.call_soon(exits)))
+    wait_until(lambda: not runner._looping, timeout=5, what="the loop to end")
+    runner.close()
+
+
+async def _nothing(message: Any) -> None:
+    pass

@@ -12,6 +12,7 @@ from sqsworker import Message, Reject, Retry, Worker, WorkerConfig
 from sqsworker.clock import FakeClock
 from sqsworker.errors import TransportError
 from sqsworker.events import Observer, Tally
+from sqsworker.lease import LeaseKeeper
 from sqsworker.transports import Envelope, OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS, MemoryTransport
 
@@ -423,3 +424,27 @@ def test_a_message_finishing_after_its_lease_expired_is_never_reported_done(
     clock.advance(11)
     keeper.succeed(held)
     assert held.lost and tally.counts["leases_lost"] == 1
+
+
+def test_a_message_handed_back_cannot_begin_though_a_thread_took_it_just_before(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Review: step 5 hands back messages taken and not begun; a handler thread's begin()
+    landing between the hand-back's mark and its queued return ran the message unaware,
+    beside the consumer that got it next, and dropped its delete."""
+    memory.create_queue("race")
+    queue = memory.transport("race")
+    send_all(queue, ["b"])
+    keeper = LeaseKeeper(queue, clock, Observer())
+    (held,) = keeper.add(queue.receive(1, 0, 60), clock.monotonic(), 60)
+    began: list[bool] = []
+    release = keeper.release
+
+    def release_after_a_begin(*args: Any, **kwargs: Any) -> None:
+        began.append(keeper.begin(held))  # the handler thread wins the race
+        release(*args, **kwargs)
+
+    keeper.release = release_after_a_begin  # type: ignore[method-assign]
+    keeper.hand_back([held])
+    assert began == [False]  # it was True: the message ran after it was handed back
+    assert held.message.lease.lost
