@@ -44,7 +44,7 @@ class Handler:
             if problem:
                 raise HandlerShapeError(problem)
             func = lambdas.LambdaAdapter(lambda_function)  # type: ignore[assignment]
-            batch, decorator = True, "--lambda"
+            batch, decorator = True, "@sqsworker.lambda_handler"
         known = {f.name for f in dataclasses.fields(WorkerConfig)}
         unknown = sorted(set(options) - known)
         if unknown:

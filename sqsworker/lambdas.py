@@ -44,7 +44,7 @@ class LambdaContext:
     """What Lambda passes as ``context``; the remaining time is the batch's leases'."""
 
     def __init__(self, function_name: str, queue_arn: str, messages: Sequence[Message]) -> None:
-        _, _, _, region, account, _ = (queue_arn.split(":", 5) + [""] * 6)[:6]
+        region, account = _region_and_account(queue_arn)
         self.function_name = function_name
         self.function_version = os.environ.get("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
         self.invoked_function_arn = f"arn:aws:lambda:{region}:{account}:function:{function_name}"
@@ -137,7 +137,7 @@ def read_result(result: object, ids: Sequence[str]) -> BatchResult:
 
 def record(message: Message, queue_arn: str) -> dict[str, Any]:
     """``message`` as one record of Lambda's SQS event."""
-    region = queue_arn.split(":")[3] if queue_arn.count(":") >= 5 else ""
+    region, _ = _region_and_account(queue_arn)
     attributes = message.raw_message_attributes
     return {
         "messageId": message.message_id,
@@ -151,6 +151,12 @@ def record(message: Message, queue_arn: str) -> dict[str, Any]:
         "eventSourceARN": queue_arn,
         "awsRegion": region,
     }
+
+
+def _region_and_account(arn: str) -> tuple[str, str]:
+    """``arn:aws:sqs:REGION:ACCOUNT:NAME`` -> (REGION, ACCOUNT); blanks when not an ARN."""
+    parts = arn.split(":", 5)
+    return (parts[3], parts[4]) if len(parts) == 6 else ("", "")
 
 
 def _attribute(value: Mapping[str, Any]) -> dict[str, Any]:

@@ -290,10 +290,15 @@ class Worker:
 
     def _give_back(self, taken: list[Held]) -> None:
         """Messages taken to run that nothing will run (the event loop is gone)."""
-        assert self.keeper is not None
         for held in taken:
-            self.keeper.release(held, 0, "worker error", urgent=True)
+            self._fault_returns(held)
             self._finish(held, 0.0)
+
+    def _fault_returns(self, held: Held) -> None:
+        """A fault of the worker's own: the message goes back at once rather than be
+        held unrun (its thread ends, or its coroutine, and /healthz reports it)."""
+        assert self.keeper is not None
+        self.keeper.release(held, 0, "worker error", urgent=True)
 
     @property
     def _threads(self) -> int:
@@ -575,10 +580,7 @@ class Worker:
                 try:
                     kept = self._process(held)
                 except BaseException:
-                    # A fault of the worker's own: hand the message back rather than hold
-                    # it unrun; the thread ends, and /healthz reports it.
-                    assert self.keeper is not None
-                    self.keeper.release(held, 0, "worker error", urgent=True)
+                    self._fault_returns(held)
                     raise
                 finally:
                     if not kept:
@@ -597,12 +599,11 @@ class Worker:
                 try:
                     finished = self._run_batch(batch)
                 except BaseException:
-                    assert self.keeper is not None
                     finished = batch  # a fault of the worker's own: hand back what it holds
                     with self._slots:  # any deferred meanwhile is handed back here, once
                         self._deferred = [(d, h) for d, h in self._deferred if h not in batch]
                     for held in batch:
-                        self.keeper.release(held, 0, "worker error", urgent=True)
+                        self._fault_returns(held)
                     raise
                 finally:
                     took = self.clock.monotonic() - began
@@ -669,10 +670,10 @@ class Worker:
             behind: list[Held] = []
             # FIFO: a group stops at a message that did not go; those after it in the
             # batch must not run before it, and go back behind it.
-            stopped: set[str | None] | None = set() if fifo else None
+            stopped: set[str | None] = set()
             for held in batch:
                 group = held.message.group_id
-                if stopped is not None and group in stopped:
+                if fifo and group in stopped:
                     behind.append(held)
                     continue
                 if not self.keeper.begin(held):
@@ -686,26 +687,21 @@ class Worker:
                         continue
                     if step is _Step.KEEP:
                         kept.append(held)
-                if stopped is not None and not held.gone:
+                if fifo and not held.gone:
                     stopped.add(group)
-            ready = self._still_ready(ready, stopped, behind)
+            ready = self._still_ready(ready, fifo, behind)
             if ready:
                 for held in ready:
                     self.observer.handler_started(held.message)
-                self._call_batch(ready, started, stopped, behind)
+                self._call_batch(ready, started, fifo, behind)
             for held in behind:
                 self.keeper.release(held, 0, HANDED_BACK_BEHIND, urgent=True)
         return [held for held in batch if held not in kept]
 
-    def _still_ready(
-        self, ready: list[Held], stopped: set[str | None] | None, behind: list[Held]
-    ) -> list[Held]:
-        """Those of ``ready`` whose lease is still alive now that the whole batch was made
-        ready (the store or S3 may have taken long): the others are not run, and on a FIFO
-        queue (``stopped`` given) neither are their group's later ones in the batch.
-
-        ``ready`` is in batch order, and a group in ``stopped`` stopped after each of its
-        messages here (a later one stopped it): only what stops here cuts a group short."""
+    def _still_ready(self, ready: list[Held], fifo: bool, behind: list[Held]) -> list[Held]:
+        """Those of ``ready`` (in batch order) whose lease is still alive now that the whole
+        batch was made ready (the store or S3 may have taken long): the others are not
+        run, and on a FIFO queue neither are their group's later ones in the batch."""
         assert self.keeper is not None
         still = []
         cut: set[str | None] = set()
@@ -721,21 +717,16 @@ class Worker:
                 self.observer.handler_skipped(
                     held.message, "its lease ran out while its batch was made ready"
                 )
-                if stopped is not None:
+                if fifo:
                     cut.add(group)
         return still
 
     def _call_batch(
-        self,
-        ready: list[Held],
-        started: float,
-        stopped: set[str | None] | None,
-        behind: list[Held],
+        self, ready: list[Held], started: float, fifo: bool, behind: list[Held]
     ) -> None:
-        """Call the handler with ``ready`` and settle each by its outcome. On a FIFO queue
-        (``stopped`` given), a group's messages after one that failed go ``behind``, with
-        their key's claim completed if the handler did them, else released. (Those the
-        group stopped at before the call were never ready: ``ready`` ends before them.)"""
+        """Call the handler with ``ready`` and settle each by its outcome. On a FIFO queue,
+        a group's messages after one that failed go ``behind``, with their key's claim
+        completed if the handler did them, else released."""
         messages = [held.message for held in ready]
         returned: object = None
         raised: BaseException | None = None
@@ -764,7 +755,7 @@ class Worker:
                     behind.append(held)
                     continue
                 self._settle(held, started, error)
-                if stopped is not None and not held.gone:
+                if fifo and not held.gone:
                     cut.add(group)
         finally:
             del raised, outcomes  # no cycle through the traceback
@@ -790,14 +781,9 @@ class Worker:
             return batch
 
     def _take_now(self) -> Held | None:
-        """A deferred message that is due, else the next waiting one (FIFO: of a group
-        with none running), else None. Under ``_slots``."""
-        now = self.clock.monotonic()
-        for index, (due, deferred) in enumerate(self._deferred):
-            if due <= now:
-                del self._deferred[index]
-                return deferred
-        return self._pending.take()
+        """``_take_run_now`` of one message, or None. Under ``_slots``."""
+        run = self._take_run_now(1)
+        return run[0] if run else None
 
     def _finish(self, held: Held, took: float) -> None:
         assert self.keeper is not None
@@ -859,8 +845,7 @@ class Worker:
         except asyncio.CancelledError:
             raise  # at the shutdown's timeout: the message was handed back already
         except BaseException:
-            assert self.keeper is not None
-            self.keeper.release(held, 0, "worker error", urgent=True)
+            self._fault_returns(held)
             raise
         finally:
             if not kept:

@@ -39,16 +39,21 @@ def _record(event: str, body: dict[str, object], message: sqsworker.Message) -> 
         os.close(fd)
 
 
-@sqsworker.handler()
-def work(message: sqsworker.Message) -> None:
-    body = message.json()
-    _record("start", body, message)
-    time.sleep(float(body.get("sleep", 0)))
+def _finish(body: dict[str, object], message: sqsworker.Message) -> None:
+    """Fail as the body asks ("fail" always, "fail_once" on the first receive), else done."""
     if body["kind"] == "fail":
         raise RuntimeError(f"order {body['id']} cannot be processed")
     if body.get("fail_once") and message.receive_count == 1:
         raise RuntimeError(f"order {body['id']} fails on its first attempt")
     _record("done", body, message)
+
+
+@sqsworker.handler()
+def work(message: sqsworker.Message) -> None:
+    body = message.json()
+    _record("start", body, message)
+    time.sleep(float(body.get("sleep", 0)))
+    _finish(body, message)
 
 
 @sqsworker.handler()
@@ -56,11 +61,7 @@ async def work_async(message: sqsworker.Message) -> None:
     body = message.json()
     _record("start", body, message)
     await asyncio.sleep(float(body.get("sleep", 0)))
-    if body["kind"] == "fail":
-        raise RuntimeError(f"order {body['id']} cannot be processed")
-    if body.get("fail_once") and message.receive_count == 1:
-        raise RuntimeError(f"order {body['id']} fails on its first attempt")
-    _record("done", body, message)
+    _finish(body, message)
 
 
 @sqsworker.handler()

@@ -48,6 +48,7 @@ class Rig:
         **options: Any,
     ) -> None:
         self.memory, self.clock = memory, clock
+        self._stopper = threading.Thread()  # shutdown's thread, once begin_stop made it
         if dead_letter:
             memory.create_queue_with_dlq(queue, max_receive_count)
         else:
@@ -95,6 +96,30 @@ class Rig:
             self.clock.advance(step)
             threading.Event().wait(0.002)
         wait_until(predicate, timeout=2)
+
+    def begin_stop(self) -> Callable[[], int]:
+        """Request a stop and shut down on a thread of its own; the call returned waits
+        for shutdown's exit code."""
+        self.worker.request_stop()
+        result: list[int] = []
+        stopper = threading.Thread(target=lambda: result.append(self.worker.shutdown()))
+        stopper.start()
+
+        def code() -> int:
+            stopper.join(10)
+            assert result, "shutdown did not finish"
+            return result[0]
+
+        self._stopper = stopper
+        return code
+
+    def stop_past_timeout(self) -> int:
+        """Stop, moving the fake clock a second at a time past --shutdown-timeout."""
+        code = self.begin_stop()
+        while self._stopper.is_alive():
+            self.clock.advance(1)
+            self._stopper.join(0.02)
+        return code()
 
     def stop(self) -> int:
         self.worker.request_stop()

@@ -285,14 +285,10 @@ def test_shutdown_lets_running_coroutines_finish_and_hands_back_the_waiting(
     rig.send(*[f"m{i}" for i in range(7)])
     rig.worker.start()
     wait_until(lambda: crowd.now == 3 and rig.worker.in_hand == 7)
-    rig.worker.request_stop()
-    result: list[int] = []
-    stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
-    stopper.start()
+    code = rig.begin_stop()
     rig.wait_for("handed_back", 4)
     crowd.release.set()
-    stopper.join(10)
-    assert result == [0]
+    assert code() == 0
     assert rig.count("deleted") == 3 and len(crowd.bodies) == 3
     assert rig.queue.counts().visible == 4 and rig.queue.counts().in_flight == 0
 
@@ -315,14 +311,7 @@ def test_past_the_shutdown_timeout_coroutines_are_cancelled_and_handed_back(
     rig.send("x")
     rig.worker.start()
     assert started.wait(10)
-    rig.worker.request_stop()
-    result: list[int] = []
-    stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
-    stopper.start()
-    while stopper.is_alive():
-        clock.advance(1)
-        stopper.join(0.01)
-    assert result == [1]
+    assert rig.stop_past_timeout() == 1
     assert cancelled.is_set()  # its finally blocks ran
     assert rig.queue.counts().visible == 1  # handed back, ready for another worker
     assert rig.count("deleted") == 0
@@ -383,18 +372,6 @@ def test_an_async_handler_inside_a_traced_worker_nests_its_spans(
 # Found by review: each reproduced on the in-memory SQS before it was fixed -----------
 
 
-def stop_past_timeout(rig: Rig, clock: FakeClock) -> int:
-    """Request a stop and shut down, moving the fake clock past --shutdown-timeout."""
-    rig.worker.request_stop()
-    result: list[int] = []
-    stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
-    stopper.start()
-    while stopper.is_alive():
-        clock.advance(1)
-        stopper.join(0.05)
-    return result[0]
-
-
 def test_a_message_taken_whose_coroutine_never_began_is_handed_back_at_the_timeout(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
@@ -416,7 +393,7 @@ def test_a_message_taken_whose_coroutine_never_began_is_handed_back_at_the_timeo
         runner = rig.worker._loop_runner
         assert runner is not None
         rig.advance_until(lambda: runner._running == 2)  # taken, its coroutine made, not begun
-        assert stop_past_timeout(rig, clock) == 1
+        assert rig.stop_past_timeout() == 1
         assert rig.count("handed_back") == 2  # "b" too, not left invisible until its lease ends
         assert rig.queue.counts().visible == 2
     finally:
@@ -494,7 +471,7 @@ def test_a_coroutine_that_swallows_its_cancellation_does_not_complete_its_key(
     send_all(rig.queue, [keyed("charge order 1", "order-1")])
     rig.worker.start()
     assert started.wait(10)
-    assert stop_past_timeout(rig, clock) == 1
+    assert rig.stop_past_timeout() == 1
     assert rig.count("succeeded") == 0 and rig.queue.counts().visible == 1
     record = store.get(f"{rig.queue.info.name}/order-1")
     assert record is None or record.state is not State.COMPLETED  # released, not completed

@@ -268,14 +268,10 @@ def test_shutdown_lets_a_running_batch_finish_and_hands_back_the_waiting(
     rig.worker.start()
     assert slow.started.wait(10)
     wait_until(lambda: rig.worker.in_hand == 10)
-    rig.worker.request_stop()
-    result: list[int] = []
-    stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
-    stopper.start()
+    code = rig.begin_stop()
     rig.wait_for("handed_back", 6)
     slow.release.set()
-    stopper.join(10)
-    assert result == [0] and rig.count("deleted") == 4
+    assert code() == 0 and rig.count("deleted") == 4
     assert rig.queue.counts().visible == 6
 
 
@@ -404,14 +400,7 @@ def test_past_the_shutdown_timeout_a_batch_being_made_ready_is_handed_back_whole
     rig.worker.start()
     try:
         assert store.entered.wait(10)
-        rig.worker.request_stop()
-        result: list[int] = []
-        stopper = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
-        stopper.start()
-        while stopper.is_alive():
-            clock.advance(1)
-            stopper.join(0.05)
-        assert result == [1]
+        assert rig.stop_past_timeout() == 1
         assert rig.queue.counts().visible == 3  # m1 and m2 too, not invisible for 60 s
     finally:
         store.release.set()
