@@ -96,11 +96,13 @@ class EventLoopRunner:
         return self._looping and (self._dispatching or self._closed.is_set()) and not self._faults
 
     def blocked_for(self) -> float:
-        """Seconds the loop has been late for its heartbeat: 0 while it runs freely,
-        infinity once it ended without being closed."""
+        """Seconds the loop has been late for its heartbeat: 0 while it runs freely (a
+        beat late by less than ``BLOCKED`` is scheduling, not a stall), infinity once it
+        ended without being closed."""
         if not self._looping:
             return 0.0 if self._closed.is_set() else math.inf
-        return max(0.0, time.monotonic() - self._last_beat - BEAT)
+        late = time.monotonic() - self._last_beat - BEAT
+        return late if late >= BLOCKED else 0.0
 
     async def offload(self, func: Callable[..., T], *args: Any) -> T:
         """``func(*args)`` on a helper thread, in this coroutine's context (its span and
