@@ -279,8 +279,11 @@ class LeaseKeeper:
         with self._wake:
             if len(self._ops) < MAX_BATCH and self._under_way:
                 return
-            if any(not op.urgent for op in self._ops):
-                for op in self._ops:
+            # Full batches, the oldest first; a remainder goes too only when it is all
+            # there is (it would otherwise wait for its batch to fill, or its time).
+            full = len(self._ops) - len(self._ops) % MAX_BATCH
+            if any(not op.urgent for op in self._ops[: full or None]):
+                for op in self._ops[: full or None]:
                     op.urgent = True
                 self._wake.notify_all()
 
@@ -561,7 +564,14 @@ class LeaseKeeper:
         self._prune()
         ready = [op for op in self._ops if op.not_before <= now and not op.held.busy]
         if any(op.urgent or self._send_by(op) <= now for op in ready):
-            ops = ready
+            ops = []
+            for action in ("delete", "return"):
+                some = [op for op in ready if op.action == action]
+                # Beyond full batches, newer ops that may wait still wait to fill theirs.
+                extra = len(some) % MAX_BATCH if len(some) > MAX_BATCH else 0
+                if extra and not any(op.urgent or self._send_by(op) <= now for op in some[-extra:]):
+                    some = some[:-extra]
+                ops += some
         else:  # full batches only: the rest wait to fill theirs
             ops = []
             for action in ("delete", "return"):
