@@ -81,7 +81,7 @@ class Health:
             "stopping": self.stopping,
             "receiver": _thread(self.receiver_alive, self.receiver_overdue),
             "lease": _thread(self.lease_alive, self.lease_overdue),
-            "handlers": f"{self.handlers_alive} of {self.handlers} running",
+            "handlers": f"{self.handlers_alive} of {self.handlers} alive",
             **({} if self.loop_blocked is None else {"event_loop": _loop(self.loop_blocked)}),
             **({} if self.claims_alive is None else {"claims": _thread(self.claims_alive, 0.0)}),
         }

@@ -107,6 +107,19 @@ class LogObserver(Observer):
         self.log = logger or structlog.get_logger("sqsworker")
         self.log_bodies = log_bodies
         self.max_receive_count: int | None = None
+        self._traced: tuple[int, int] | None = None  # the last error whose trace was shown
+
+    def _trace_once(self, error: BaseException | None) -> BaseException | None:
+        """``error``, for its traceback, unless the line before showed it: a batch handler's
+        exception fails each of its messages, and one traceback says it. (Ids, not the
+        error, are kept: holding it would hold its frames and the batch's messages.)"""
+        if error is None:
+            return None
+        seen = (id(error), id(error.__traceback__))
+        if seen == self._traced:
+            return None
+        self._traced = seen
+        return error
 
     def _for(self, message: Message, with_body: bool = False) -> Any:
         log = self.log.bind(**message.log_context, handler=self.handler)
@@ -154,7 +167,7 @@ class LogObserver(Observer):
                 error=_error(error),
                 max_receive_count=self.max_receive_count,
                 # A failure a batch handler reported has no trace of its own to show.
-                exc_info=None if isinstance(error, BatchItemFailed) else error,
+                exc_info=None if isinstance(error, BatchItemFailed) else self._trace_once(error),
             )
         else:
             log.warning(
@@ -185,6 +198,7 @@ class LogObserver(Observer):
         # --non-retryable is a fault like any other, and its traceback shows where.
         # A Reject wrapping a cause (a key function that raised) keeps the cause's trace.
         trace = error if not isinstance(error, Reject) or error.__cause__ else None
+        trace = self._trace_once(trace)
         if dead_letter:
             log.error(
                 "handler rejected the message; moved to the dead-letter queue",

@@ -6,6 +6,8 @@ The worker runs on the in-memory SQS with a fake clock; each test waits on state
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +19,7 @@ from sqsworker import BatchFailure, BatchResult, ConfigError, Message, Reject, R
 from sqsworker.clock import FakeClock
 from sqsworker.errors import HandlerShapeError
 from sqsworker.events import Observer
+from sqsworker.logs import LogObserver
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS
@@ -481,3 +484,25 @@ def test_a_busy_fifo_message_is_not_run_beside_its_groups_earlier_one(
     rig.advance_until(lambda: rig.count("deleted") == 2)
     assert handler.bodies == ["g:0", "g:1"]
     assert rig.stop() == 0
+
+
+def test_a_batch_that_raises_shows_its_traceback_once_not_once_a_message(
+    memory: MemorySQS, clock: FakeClock, json_logs: io.StringIO
+) -> None:
+    def fails(messages: list[Message]) -> None:
+        raise RuntimeError(f"bulk insert of {len(messages)} failed")
+
+    observers = [LogObserver("tests.batch")]
+    rig = batch_rig(
+        memory, clock, fails, batch_size=3, concurrency=1, max_receive_count=1, observers=observers
+    )
+    rig.send(*[f"m{i}" for i in range(6)])
+    rig.worker.start()
+    rig.advance_until(lambda: rig.count("failed") == 6)
+    assert rig.stop() == 0
+    lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    last = [line for line in lines if line["event"].startswith("handler failed on its last")]
+    assert len(last) == 6 and all("bulk insert of 3 failed" in line["error"] for line in last)
+    traced = [line for line in last if "exception" in line]
+    assert len(traced) == 2  # one a batch, on its first message's line
+    assert all("RuntimeError: bulk insert of 3 failed" in line["exception"] for line in traced)
