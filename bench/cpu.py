@@ -3,7 +3,8 @@
 No-op handlers drain the in-memory SQS (no added latency) with the Prometheus metrics on,
 each drain in a process of its own (``bench.drain --metrics``), alternating between REF's
 sqsworker (default d7bf439) and this tree's. Prints, per side, msg/s and the process's CPU
-time per message (every thread's, the in-memory SQS's included), medians over the rounds.
+time per message: every thread's, and the worker's alone (without what the in-memory SQS's
+calls took: real SQS does that work elsewhere), medians over the rounds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     rates: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
+    own: dict[str, list[float]] = {}
     with worktree(args.ref) as old, tempfile.TemporaryDirectory() as folder:
         runner = Runner(Path(folder))
         sides = {f"before ({args.ref})": old, "current": ROOT}
@@ -43,9 +45,12 @@ def main() -> None:
                 )
                 rates.setdefault(side, []).append(result["rate"])
                 cpu.setdefault(side, []).append(result["cpu_us_per_message"])
+                worker = result["cpu_us_per_message"] - result["service_cpu_us_per_message"]
+                own.setdefault(side, []).append(worker)
                 print(
                     f"round {round_ + 1}, {side}: {result['rate']:.0f} msg/s, "
-                    f"{result['cpu_us_per_message']:.0f} us CPU a message",
+                    f"{result['cpu_us_per_message']:.0f} us CPU a message, {worker:.0f} the "
+                    "worker's",
                     flush=True,
                 )
     print(
@@ -55,7 +60,8 @@ def main() -> None:
     for side in sides:
         print(
             f"  {side}: {statistics.median(rates[side]):.0f} msg/s, "
-            f"{statistics.median(cpu[side]):.0f} us CPU a message"
+            f"{statistics.median(cpu[side]):.0f} us CPU a message, "
+            f"{statistics.median(own[side]):.0f} the worker's (the in-memory SQS's left out)"
         )
 
 

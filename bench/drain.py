@@ -2,18 +2,20 @@
 one drain, as JSON.
 
 A worker (concurrency 16 unless told, burst mode) drains MESSAGES from the in-memory SQS,
-optionally behind ``Latency``; prints msg/s (from the start to the last delete), SQS
-requests per message (all, and busy: receives that returned messages, deletes and
-renewals), seconds from the last delete to the worker's exit, the process's CPU time
-per message (every thread, the in-memory SQS's included; ``--metrics`` adds the
-Prometheus metrics as ``sqsworker run`` has them), and the folder sqsworker was
+behind ``Latency`` (0 ms unless told); prints msg/s (from the start to the last delete,
+and steady: from a tenth of the messages deleted to nine tenths), SQS requests per
+message (all, and busy: receives that returned messages, deletes and renewals), seconds
+from the last delete to the worker's exit, the process's CPU time per message (every
+thread, the in-memory SQS's included; ``--metrics`` adds the Prometheus metrics as
+``sqsworker run`` has them) and the part of it the in-memory SQS's calls took (the
+service's work, which real SQS does elsewhere), and the folder sqsworker was
 imported from, the process's peak resident memory and its most threads at once. ``sleepN``
-handlers sleep N ms on their thread; ``asleepN`` handlers are ``async def`` and await
-``asyncio.sleep`` for N ms, as coroutines on the worker's event loop. ``--idle S`` instead runs a
-worker (not in burst mode, default --wait-time) on an empty queue for S seconds, then stops
-it: requests per minute, and seconds from the stop request to the exit. ``bench.versus``
-and ``bench.grid`` run it against two versions of sqsworker, so it uses only API that
-both have.
+handlers sleep N ms on their thread; ``asleepN`` handlers are ``async def`` and
+await ``asyncio.sleep`` for N ms, as coroutines on the worker's event loop. ``--idle S``
+instead runs a worker (not in burst mode, ``--wait-time`` 20 unless told) on an empty
+queue for S seconds, then stops it: requests per minute, and seconds from the stop
+request to the exit. ``bench.versus`` and ``bench.grid`` run it against two versions of
+sqsworker, so it uses only API that both have.
 """
 
 from __future__ import annotations
@@ -84,16 +86,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--idle", type=float, default=0, help="seconds on an empty queue")
     parser.add_argument("--metrics", action="store_true", help="with Prometheus metrics")
+    parser.add_argument("--wait-time", type=int, default=20, help="long poll seconds, --idle")
     args = parser.parse_args()
     if args.idle:
-        return idle(args.idle, args.latency_ms)
+        return idle(args.idle, args.latency_ms, args.wait_time)
 
     memory = MemorySQS()
     memory.create_queue("drain")
     queue = memory.transport("drain")
     send_all(queue, [f'{{"n": {i}}}' for i in range(args.messages)])
     before = Counter(memory.requests)
-    transport: Transport = Latency(queue, args.latency_ms / 1000) if args.latency_ms else queue
+    metered = Latency(queue, args.latency_ms / 1000)  # 0 ms: only counts the service's CPU
+    transport: Transport = metered
     config = WorkerConfig(
         queue="drain",
         concurrency=args.concurrency,
@@ -140,10 +144,12 @@ def main() -> None:
     )
     result = {
         "rate": args.messages / (finish.at - started),
+        "steady_rate": finish.steady(),
         "requests_per_message": sum(requests.values()) / args.messages,
         "busy_requests_per_message": busy / args.messages,
         "exit_after_last_delete": ended - finish.at,
         "cpu_us_per_message": cpu / args.messages * 1e6,
+        "service_cpu_us_per_message": metered.service_cpu / args.messages * 1e6,
         "sqsworker": str(Path(sqsworker.__file__).parent),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_threads": threads[0],
@@ -151,12 +157,13 @@ def main() -> None:
     print(json.dumps(result))
 
 
-def idle(seconds: float, latency_ms: float) -> None:
+def idle(seconds: float, latency_ms: float, wait_time: int) -> None:
     memory = MemorySQS()
     memory.create_queue("idle")
     queue = memory.transport("idle")
     transport: Transport = Latency(queue, latency_ms / 1000) if latency_ms else queue
-    worker = Worker(noop, WorkerConfig(queue="idle"), transport=transport)
+    config = WorkerConfig(queue="idle", wait_time=wait_time, visibility_timeout=30)
+    worker = Worker(noop, config, transport=transport)
     worker.start()
     time.sleep(seconds)
     stop = time.perf_counter()

@@ -37,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("ref", nargs="?", default=BEFORE)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--seconds", type=float, default=2.0, help="of ideal work per drain")
+    parser.add_argument("--seconds", type=float, default=4.0, help="of ideal work per drain")
     parser.add_argument("--idle", type=float, default=45.0, help="seconds idle, 0: skip")
     args = parser.parse_args()
 
@@ -78,7 +78,7 @@ def main() -> None:
     print(f"\nin-memory SQS, +{LATENCY_MS} ms a call, {args.rounds} round(s), medians")
     print(
         f"{'concurrency':>11}{'handler':>9}{'msgs':>7}{'ideal':>7}"
-        f"{'msg/s before':>14}{'current':>9}{'of ideal before':>17}{'current':>9}"
+        f"{'msg/s before':>14}{'current':>9}{'of ideal before':>17}{'current':>9}{'steady':>8}"
         f"{'busy req/msg before':>21}{'current':>9}{'exit s before':>15}{'current':>9}"
     )
     for concurrency in CONCURRENCY:
@@ -93,13 +93,16 @@ def main() -> None:
                 return statistics.median(r[key] for r in rows)
 
             old_rate, new_rate = median(old_runs, "rate"), median(new_runs, "rate")
+            steady = median(new_runs, "steady_rate")
             fractions = (
-                (f"{old_rate / ideal:.2f}", f"{new_rate / ideal:.2f}") if ideal else ("-", "-")
+                (f"{old_rate / ideal:.2f}", f"{new_rate / ideal:.2f}", f"{steady / ideal:.2f}")
+                if ideal
+                else ("-", "-", "-")
             )
             print(
                 f"{concurrency:>11}{handler_ms:>7}ms{old_runs[0]['messages']:>7}"
                 f"{ideal or 0:>7.0f}{old_rate:>14.0f}{new_rate:>9.0f}"
-                f"{fractions[0]:>17}{fractions[1]:>9}"
+                f"{fractions[0]:>17}{fractions[1]:>9}{fractions[2]:>8}"
                 f"{median(old_runs, 'busy_requests_per_message'):>21.3f}"
                 f"{median(new_runs, 'busy_requests_per_message'):>9.3f}"
                 f"{median(old_runs, 'exit_after_last_delete'):>15.2f}"
@@ -107,6 +110,8 @@ def main() -> None:
             )
     print(
         "msg/s from the worker's start to its last delete; ideal = concurrency / handler time; "
+        "steady: the current side's msg/s from a tenth of the messages deleted to nine tenths "
+        "(without the first receives and the last handlers and delete batch); "
         "busy req/msg: receives that returned messages, deletes and renewals, per message; "
         "exit s: from the last delete to the burst-mode worker's exit."
     )

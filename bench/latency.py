@@ -3,10 +3,14 @@
 The in-memory SQS answers in microseconds; real SQS takes about 20 ms a request. Wrapped
 around a transport, ``Latency`` adds that time to each SQS call, half on the way there and
 half on the way back, so the worker's timing is measured against a realistic service.
+It also counts the CPU the wrapped transport's calls take (``service_cpu``, seconds):
+with the in-memory SQS that is the service's own work, which a real SQS does elsewhere,
+so a benchmark can tell the worker's CPU from the service's.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,16 +31,24 @@ class Latency:
     def __init__(self, transport: Transport, seconds: float = 0.02) -> None:
         self.inner = transport
         self.seconds = seconds
+        self.service_cpu = 0.0  # seconds of CPU in the wrapped transport's calls
+        self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:  # info, requests, request_errors
         return getattr(self.inner, name)
 
     def _call(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        time.sleep(self.seconds / 2)
+        if self.seconds:
+            time.sleep(self.seconds / 2)
+        cpu = time.thread_time()  # this thread's CPU only: waits on locks do not count
         try:
             return call(*args, **kwargs)
         finally:
-            time.sleep(self.seconds / 2)
+            spent = time.thread_time() - cpu
+            with self._lock:
+                self.service_cpu += spent
+            if self.seconds:
+                time.sleep(self.seconds / 2)
 
     def receive(self, *args: Any, **kwargs: Any) -> list[Envelope]:
         return self._call(self.inner.receive, *args, **kwargs)
