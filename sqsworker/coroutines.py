@@ -95,14 +95,14 @@ class EventLoopRunner:
         """The loop and the dispatcher run, and no coroutine ended in a worker fault."""
         return self._looping and (self._dispatching or self._closed.is_set()) and not self._faults
 
-    def blocked_for(self) -> float:
+    def blocked_for(self, allowance: float = BLOCKED) -> float:
         """Seconds the loop has been late for its heartbeat: 0 while it runs freely (a
-        beat late by less than ``BLOCKED`` is scheduling, not a stall), infinity once it
-        ended without being closed."""
+        beat late by less than ``BLOCKED``, or than a smaller ``allowance``, is
+        scheduling, not a stall), infinity once it ended without being closed."""
         if not self._looping:
             return 0.0 if self._closed.is_set() else math.inf
         late = time.monotonic() - self._last_beat - BEAT
-        return late if late >= BLOCKED else 0.0
+        return late if late >= min(BLOCKED, allowance) else 0.0
 
     async def offload(self, func: Callable[..., T], *args: Any) -> T:
         """``func(*args)`` on a helper thread, in this coroutine's context (its span and

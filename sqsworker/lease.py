@@ -271,19 +271,25 @@ class LeaseKeeper:
             return sum(h.state is State.SETTLING for h in held)
 
     def flush(self) -> None:
-        """Send the queued deletes and returns now, without waiting to fill a batch.
+        """Send the queued deletes and returns that can go now in full batches, the
+        oldest first, rather than wait out --delete-interval; fewer than a batch only
+        when that is all there is and no call is under way.
 
         Fewer than a batch are left to fill one while calls are under way: their answers
         free room as soon, and a receive thread calls this each time it finds no room.
         """
         with self._wake:
-            if len(self._ops) < MAX_BATCH and self._under_way:
+            now = self.clock.monotonic()
+            ready = sorted(
+                (op for op in self._ops if op.not_before <= now and not op.held.busy),
+                key=lambda op: op.queued_at,
+            )
+            if len(ready) < MAX_BATCH and self._under_way:
                 return
-            # Full batches, the oldest first; a remainder goes too only when it is all
-            # there is (it would otherwise wait for its batch to fill, or its time).
-            full = len(self._ops) - len(self._ops) % MAX_BATCH
-            if any(not op.urgent for op in self._ops[: full or None]):
-                for op in self._ops[: full or None]:
+            full = len(ready) - len(ready) % MAX_BATCH
+            going = ready[:full] if full else ready
+            if any(not op.urgent for op in going):
+                for op in going:
                     op.urgent = True
                 self._wake.notify_all()
 
@@ -403,6 +409,7 @@ class LeaseKeeper:
                 self._set_state(held, State.SETTLING)
             held.outcome = op.action
             op.queued_at = self.clock.monotonic()
+            op.urgent = op.urgent or self._stopping  # a stop sends all it can
             self._ops.append(op)
             # Wake the lease thread only if it waits past this op's moment (an op on a
             # busy message goes when that call's answer wakes it) or a batch is full.
@@ -563,17 +570,22 @@ class LeaseKeeper:
     def _due(self, now: float) -> tuple[list[_Op], list[Held]]:
         self._prune()
         ready = [op for op in self._ops if op.not_before <= now and not op.held.busy]
+        ready.sort(key=lambda op: op.queued_at)  # a retried op is queued again at the end
+        ops = []
         if any(op.urgent or self._send_by(op) <= now for op in ready):
-            ops = []
             for action in ("delete", "return"):
                 some = [op for op in ready if op.action == action]
-                # Beyond full batches, newer ops that may wait still wait to fill theirs.
+                # Beyond full batches, the newest that may wait wait to fill theirs; never
+                # once stopping, which sends everything it can.
                 extra = len(some) % MAX_BATCH if len(some) > MAX_BATCH else 0
-                if extra and not any(op.urgent or self._send_by(op) <= now for op in some[-extra:]):
+                if (
+                    extra
+                    and not self._stopping
+                    and not any(op.urgent or self._send_by(op) <= now for op in some[-extra:])
+                ):
                     some = some[:-extra]
                 ops += some
         else:  # full batches only: the rest wait to fill theirs
-            ops = []
             for action in ("delete", "return"):
                 some = [op for op in ready if op.action == action]
                 ops += some[: len(some) - len(some) % MAX_BATCH]
@@ -736,6 +748,7 @@ class LeaseKeeper:
                 if op.held.state is State.LOST:
                     continue
                 op.not_before = now + RETRY_AFTER_ERROR
+                op.urgent = op.urgent or self._stopping  # a stop sends all it can
                 self._ops.append(op)
 
     def _give_up(self, ops: Sequence[_Op], reason: str) -> None:

@@ -188,7 +188,11 @@ class Worker:
             lease_alive=self.keeper is not None and self.keeper.alive(),
             handlers_alive=self._coroutines_alive() if self._loop_runner else self._handlers_alive,
             handlers=self.config.concurrency,
-            loop_blocked=self._loop_runner.blocked_for() if self._loop_runner else None,
+            loop_blocked=(
+                self._loop_runner.blocked_for(self.config.stall_timeout)
+                if self._loop_runner
+                else None
+            ),
             loop_allowance=self.config.stall_timeout,
             claims_alive=(
                 self.idempotency.keeper.alive()

@@ -823,3 +823,51 @@ def test_a_flush_for_room_sends_full_delete_batches_and_lets_the_rest_fill_their
     wait_until(lambda: tally.counts["deleted"] == 23, what="the rest")
     assert sizes == [10, 10, 3]
     keeper.stop(give_up_after=1)
+
+
+def test_deletes_that_fail_while_stopping_are_retried_before_the_stop_gives_up(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Found by review: a delete call under way when the stop began, failing in part,
+    queued its failed entries again as ops that may wait to fill a batch, for up to
+    --delete-interval, past the stop's give-up: handled messages left to run again."""
+    memory.create_queue("jobs")
+    transport = memory.transport("jobs")
+    send_all(transport, [str(i) for i in range(13)])
+    answer = threading.Event()
+    calls: list[int] = []
+
+    class FailsInPart(MemoryTransport):
+        def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+            calls.append(len(entries))
+            if len(calls) > 1:
+                return super().delete_batch(entries)
+            answer.wait(10)  # the first call is under way when the stop begins
+            done = super().delete_batch(entries[:7])
+            failed = [EntryFailure(i, "InternalError", "try again", False) for i, _ in entries[7:]]
+            return BatchResult(succeeded=done.succeeded, failed=failed)
+
+    tally = Tally()
+    keeper = LeaseKeeper(FailsInPart(memory, transport.info), clock, tally, delete_interval=10)
+    held: list[Any] = []
+    while len(held) < 13:
+        held += keeper.add(transport.receive(10, 0, 60), clock.monotonic(), 60)
+    keeper.start()
+    for h in held:
+        assert keeper.begin(h)
+        keeper.succeed(h)  # 10 go at once, 3 wait to fill a batch
+    wait_until(lambda: calls == [10], what="the first call")
+    unsent: list[int] = []
+    stopper = threading.Thread(
+        target=lambda: unsent.append(keeper.stop(give_up_after=5)), daemon=True
+    )
+    stopper.start()
+    wait_until(lambda: calls == [10, 3], what="the stop to send the 3")
+    answer.set()  # 3 of the first call's 10 failed: retried a second later
+    wait_until(lambda: tally.counts["deleted"] == 10, what="the first call's answer")
+    began = clock.monotonic()
+    while stopper.is_alive() and clock.monotonic() < began + 10:
+        clock.advance(1.0)  # the retry's second, then on to the stop's give-up (5 s)
+        stopper.join(0.1)
+    assert (unsent, tally.counts["deleted"], calls) == ([0], 13, [10, 3, 3])
+    assert memory.counts("jobs").total == 0
