@@ -238,6 +238,11 @@ def draw(seed: int) -> Schedule:
     if batching.random() < 0.25:
         config["batch_size"] = batching.choice([2, 3, 5, 10, 12])
         config["batch_window"] = batching.choice([0.0, 0.0, 0.5, 3.0])
+    # Now and then a long --delete-interval, past a stop's give-up (5 s at least): ops
+    # that may wait to fill a batch must still go once a stop begins. Drawn apart too.
+    interval = random.Random(f"interval {seed}")
+    if interval.random() < 0.15:
+        config["delete_interval"] = interval.choice([5.0, 10.0])
     return Schedule(
         seed=seed,
         fifo=rng.random() < 0.3,
