@@ -271,9 +271,9 @@ class LeaseKeeper:
             return sum(h.state is State.SETTLING for h in held)
 
     def flush(self) -> None:
-        """Send the queued deletes and returns that can go now in full batches, the
-        oldest first, rather than wait out --delete-interval; fewer than a batch only
-        when that is all there is and no call is under way.
+        """Send the queued deletes and returns that can go now in full batches (of one
+        action), the oldest first, rather than wait out --delete-interval; fewer than a
+        batch only when no full one is queued and no call is under way.
 
         Fewer than a batch are left to fill one while calls are under way: their answers
         free room as soon, and a receive thread calls this each time it finds no room.
@@ -284,10 +284,12 @@ class LeaseKeeper:
                 (op for op in self._ops if op.not_before <= now and not op.held.busy),
                 key=lambda op: op.queued_at,
             )
-            if len(ready) < MAX_BATCH and self._under_way:
-                return
-            full = len(ready) - len(ready) % MAX_BATCH
-            going = ready[:full] if full else ready
+            going: list[_Op] = []
+            for action in ("delete", "return"):
+                some = [op for op in ready if op.action == action]
+                going += some[: len(some) - len(some) % MAX_BATCH]
+            if not going and not self._under_way:
+                going = ready
             if any(not op.urgent for op in going):
                 for op in going:
                     op.urgent = True
@@ -608,7 +610,12 @@ class LeaseKeeper:
         """When a queued op goes at the latest: ``delete_interval`` after it was queued, or
         when its lease would be renewed, if sooner (a return's lease is not renewed, so
         waiting longer to fill a batch could let it run out first)."""
-        return min(op.queued_at + self.delete_interval, op.held.renew_at)
+        held = op.held
+        # At the 12-hour cap no renewal comes (renew_at is infinite): go by half a
+        # timeout before the lease's end instead, as a renewal would have.
+        return min(
+            op.queued_at + self.delete_interval, held.renew_at, held.expires_at - held.timeout / 2
+        )
 
     def _prune(self) -> None:
         """Drop queued ops that can no longer help: a lost lease's return (SQS returns the

@@ -871,3 +871,28 @@ def test_deletes_that_fail_while_stopping_are_retried_before_the_stop_gives_up(
         stopper.join(0.1)
     assert (unsent, tally.counts["deleted"], calls) == ([0], 13, [10, 3, 3])
     assert memory.counts("jobs").total == 0
+
+
+def test_a_delete_at_the_twelve_hour_cap_goes_before_the_lease_ends_not_after(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Found by review: at SQS's 12-hour cap no renewal comes, so a delete queued then
+    waited its --delete-interval to fill a batch, past the lease's end: the message
+    could come back and run again though it was done."""
+    memory.create_queue("jobs")
+    transport = memory.transport("jobs")
+    send_all(transport, ["a long job"])
+    tally = Tally()
+    keeper = LeaseKeeper(transport, clock, tally, delete_interval=10.0)
+    [held] = keeper.add(transport.receive(1, 0, 43200), clock.monotonic(), 43200)
+    keeper.start()
+    assert keeper.begin(held)
+    while held.renew_at != float("inf"):  # renewed until SQS's cap allows no more
+        clock.advance(max(0.0, held.renew_at - clock.monotonic()) + 0.01)
+        wait_until(lambda: not held.busy and held.renew_at > clock.monotonic(), what="renewal")
+    left = held.expires_at - clock.monotonic()
+    assert 0 < left < 10.0  # less than --delete-interval
+    keeper.succeed(held)
+    wait_until(lambda: tally.counts["deleted"] == 1, what="the delete, the clock standing")
+    assert tally.counts["leases_lost"] == 0
+    keeper.stop(give_up_after=1)
