@@ -609,10 +609,9 @@ class LeaseKeeper:
     def _send_by(self, op: _Op) -> float:
         """When a queued op goes at the latest: ``delete_interval`` after it was queued, or
         when its lease would be renewed, if sooner (a return's lease is not renewed, so
-        waiting longer to fill a batch could let it run out first)."""
+        waiting longer to fill a batch could let it run out first); at the 12-hour cap,
+        where no renewal comes, half a timeout before the lease ends."""
         held = op.held
-        # At the 12-hour cap no renewal comes (renew_at is infinite): go by half a
-        # timeout before the lease's end instead, as a renewal would have.
         return min(
             op.queued_at + self.delete_interval, held.renew_at, held.expires_at - held.timeout / 2
         )
