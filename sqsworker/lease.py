@@ -154,6 +154,15 @@ class _Op:
     not_before: float = 0.0
 
 
+def _full_batches(ops: Sequence[_Op]) -> list[_Op]:
+    """Of ``ops``, in order, as many of each action as fill whole batches of 10."""
+    full: list[_Op] = []
+    for action in ("delete", "return"):
+        some = [op for op in ops if op.action == action]
+        full += some[: len(some) - len(some) % MAX_BATCH]
+    return full
+
+
 class LeaseKeeper:
     def __init__(
         self,
@@ -279,15 +288,8 @@ class LeaseKeeper:
         free room as soon, and a receive thread calls this each time it finds no room.
         """
         with self._wake:
-            now = self.clock.monotonic()
-            ready = sorted(
-                (op for op in self._ops if op.not_before <= now and not op.held.busy),
-                key=lambda op: op.queued_at,
-            )
-            going: list[_Op] = []
-            for action in ("delete", "return"):
-                some = [op for op in ready if op.action == action]
-                going += some[: len(some) - len(some) % MAX_BATCH]
+            ready = self._ready(self.clock.monotonic())
+            going = _full_batches(ready)
             if not going and not self._under_way:
                 going = ready
             if any(not op.urgent for op in going):
@@ -571,26 +573,19 @@ class LeaseKeeper:
 
     def _due(self, now: float) -> tuple[list[_Op], list[Held]]:
         self._prune()
-        ready = [op for op in self._ops if op.not_before <= now and not op.held.busy]
-        ready.sort(key=lambda op: op.queued_at)  # a retried op is queued again at the end
-        ops = []
+        ready = self._ready(now)
         if any(op.urgent or self._send_by(op) <= now for op in ready):
+            ops = []
             for action in ("delete", "return"):
                 some = [op for op in ready if op.action == action]
-                # Beyond full batches, the newest that may wait wait to fill theirs; never
-                # once stopping, which sends everything it can.
+                # Beyond full batches, the newest that may wait wait to fill theirs (once
+                # stopping, none may: every op is urgent then).
                 extra = len(some) % MAX_BATCH if len(some) > MAX_BATCH else 0
-                if (
-                    extra
-                    and not self._stopping
-                    and not any(op.urgent or self._send_by(op) <= now for op in some[-extra:])
-                ):
+                if extra and not any(op.urgent or self._send_by(op) <= now for op in some[-extra:]):
                     some = some[:-extra]
                 ops += some
         else:  # full batches only: the rest wait to fill theirs
-            for action in ("delete", "return"):
-                some = [op for op in ready if op.action == action]
-                ops += some[: len(some) - len(some) % MAX_BATCH]
+            ops = _full_batches(ready)
         if ops:
             sent = {id(op) for op in ops}
             self._ops = [op for op in self._ops if id(op) not in sent]
@@ -605,6 +600,12 @@ class LeaseKeeper:
                 (h.renew_at for h in self._held.values() if h.state in _LIVE), default=math.inf
             )
         return ops, renewals
+
+    def _ready(self, now: float) -> list[_Op]:
+        """The queued ops that may go now, the oldest first (a retried op is queued again
+        at the end)."""
+        ready = [op for op in self._ops if op.not_before <= now and not op.held.busy]
+        return sorted(ready, key=lambda op: op.queued_at)
 
     def _send_by(self, op: _Op) -> float:
         """When a queued op goes at the latest: ``delete_interval`` after it was queued, or

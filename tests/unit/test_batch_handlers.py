@@ -357,13 +357,20 @@ def keyed_in_group(body: str, key: str) -> OutgoingMessage:
     )
 
 
+def _held_elsewhere(clock: FakeClock, seconds: float) -> MemoryStore:
+    """A store in which another worker holds g:1's key (k1) for ``seconds``: it is
+    running elsewhere."""
+    store = MemoryStore()
+    digest = hashlib.sha256(b"g:1").hexdigest()[:32]
+    now = clock.time()
+    assert store.claim("jobs.fifo/k1", "elsewhere", digest, now + seconds, now) is None
+    return store
+
+
 def test_a_fifo_message_whose_key_is_busy_stops_its_group_there_not_before(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
-    store = MemoryStore()
-    digest = hashlib.sha256(b"g:1").hexdigest()[:32]
-    # Another worker holds g:1's key for 5 s: it is running elsewhere.
-    assert store.claim("jobs.fifo/k1", "elsewhere", digest, clock.time() + 5, clock.time()) is None
+    store = _held_elsewhere(clock, 5)
     handler = Batches()
     rig = batch_rig(
         memory, clock, handler, queue="jobs.fifo", dead_letter=False, store=store, concurrency=1
@@ -458,9 +465,7 @@ def test_a_report_that_cannot_be_trusted_is_retried_whatever_non_retryable_says(
 def test_a_busy_fifo_message_is_not_run_beside_its_groups_earlier_one(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
-    store = MemoryStore()
-    digest = hashlib.sha256(b"g:1").hexdigest()[:32]
-    assert store.claim("jobs.fifo/k1", "elsewhere", digest, clock.time() + 2, clock.time()) is None
+    store = _held_elsewhere(clock, 2)
     release = threading.Event()
 
     def answer(messages: list[Message]) -> None:
