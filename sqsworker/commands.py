@@ -439,9 +439,12 @@ def _shown(envelope: Envelope) -> list[tuple[str, str]]:
 
 
 def _when(millis: str | None) -> str:
-    if not millis:
+    try:
+        return datetime.fromtimestamp(int(millis or "") / 1000, UTC).strftime(
+            "%Y-%m-%d %H:%M:%S UTC"
+        )
+    except (ValueError, OverflowError, OSError):  # left out, or not a time
         return "?"
-    return datetime.fromtimestamp(int(millis) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _as_dict(envelope: Envelope) -> dict[str, Any]:

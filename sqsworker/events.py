@@ -32,6 +32,13 @@ class Observer:
 
     def receive_failed(self, error: TransportError, retry_in: float) -> None: ...
 
+    def sqs_unanswered(self, seconds: float, error: str) -> None:
+        """A receive failed: the receives have failed in a row for ``seconds`` (0 for the
+        first), the last with ``error``."""
+
+    def sqs_answered_again(self, seconds: float) -> None:
+        """A receive succeeded after the receives had failed for ``seconds``."""
+
     def handler_started(self, message: Message) -> None: ...
 
     def handler_succeeded(self, message: Message, duration: float) -> None: ...
@@ -71,6 +78,21 @@ class Observer:
 
     def handler_skipped(self, message: Message, reason: str) -> None:
         """A held message was not run (its lease was lost while it waited)."""
+
+    def dead_letter_notes_cut(self, message: Message, notes: Sequence[str]) -> None:
+        """The dead-letter copy of a rejected message cut or left out these notes (message
+        attributes) to fit the dead-letter queue's size limit."""
+
+    def rejected_copy_refused(self, message: Message, error: BaseException, reason: str) -> None:
+        """Rejected, but the dead-letter queue refuses any copy of it (``reason``): it is
+        returned unrun until SQS's own redrive moves it, without the notes."""
+
+    def step_failed(
+        self, message: Message, error: BaseException, retry_in: float, last_attempt: bool
+    ) -> None:
+        """A step of the worker's own around the handler raised (a bug of ours, or input
+        no step could read): the message's failure, returned in ``retry_in`` seconds (on
+        its ``last_attempt``, SQS moves it to the dead-letter queue instead)."""
 
     def deleted(self, messages: Sequence[Message]) -> None: ...
 
@@ -239,11 +261,23 @@ class Tally(Observer):
     def handler_skipped(self, message: Message, reason: str) -> None:
         self._add("skipped")
 
+    def rejected_copy_refused(self, message: Message, error: BaseException, reason: str) -> None:
+        self._add("rejected")
+
+    def step_failed(
+        self, message: Message, error: BaseException, retry_in: float, last_attempt: bool
+    ) -> None:
+        self._add("worker_errors")
+        if last_attempt:
+            self._add("dead_lettered")
+
     def deleted(self, messages: Sequence[Message]) -> None:
         self._add("deleted", len(messages))
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         self._add("delete_failures")
+        if not will_retry:  # handled (or dropped as a duplicate), and it may run again
+            self._add("not_deleted")
 
     def deleted_after_lease_lost(self, message: Message) -> None:
         self._add("deleted_after_lease_lost")

@@ -55,6 +55,12 @@ class Health:
     # how long it may be before the worker counts as stuck (--stall-timeout).
     loop_blocked: float | None = None
     loop_allowance: float = math.inf
+    # Seconds the receives have failed in a row (0 while SQS answers), and the last error.
+    # Neither live nor ready depends on it: a restart cannot bring SQS back, and a worker
+    # not ready would hold up a rollout (and fail the chart's startup probe) for as long
+    # as SQS is away.
+    sqs_unanswered: float = 0.0
+    sqs_error: str = ""
 
     @property
     def live(self) -> bool:
@@ -82,6 +88,7 @@ class Health:
             "receiver": _thread(self.receiver_alive, self.receiver_overdue),
             "lease": _thread(self.lease_alive, self.lease_overdue),
             "handlers": f"{self.handlers_alive} of {self.handlers} alive",
+            "sqs": _sqs(self.sqs_unanswered, self.sqs_error),
             **({} if self.loop_blocked is None else {"event_loop": _loop(self.loop_blocked)}),
             **({} if self.claims_alive is None else {"claims": _thread(self.claims_alive, 0.0)}),
         }
@@ -107,6 +114,12 @@ class ProcessHealth:
             "ready": self.ready,
             "workers": {name: part.as_dict() for name, part in self.parts.items()},
         }
+
+
+def _sqs(unanswered: float, error: str) -> str:
+    if not unanswered and not error:
+        return "ok"
+    return f"not answering for {unanswered:.0f}s: {error}"
 
 
 def _loop(blocked: float) -> str:

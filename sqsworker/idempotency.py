@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .clock import Clock, Task
-from .keys import KeyPolicy, digest
+from .keys import KeyPolicy, derive, digest
 from .stores import Lease, State, Store, TransactionalStore, open_store
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ class Idempotency:
 
     def admit(self, message: Message) -> Admission:
         """Claim the message's key. Raises ``IdempotencyKeyError`` or ``StoreError``."""
-        key = self.policy(message)
+        key = derive(self.policy, message)
         message.idempotency_key = key  # in every log line about it from now on
         claim = Claim(self, key, f"{self._owner_prefix}/{uuid.uuid4().hex[:12]}", digest(message))
         now = self.clock.time()

@@ -97,10 +97,11 @@ class JsonPathKey:
     def __call__(self, message: Message) -> str:
         try:
             body = json.loads(message.body)
-        except ValueError:
+        except Exception as exc:  # not JSON, or JSON nested past what the parser can read
+            what = "is not JSON" if isinstance(exc, ValueError) else "nests JSON too deep to read"
             raise IdempotencyKeyError(
-                f"message {message.message_id} has a body that is not JSON, so the "
-                f"idempotency key {self.expression!r} cannot be read from it"
+                f"message {message.message_id} has a body that {what}, so the idempotency "
+                f"key {self.expression!r} cannot be read from it"
             ) from None
         value = jmespath.search(self.expression, body)
         if isinstance(value, bool) or not isinstance(value, str | int):
@@ -150,6 +151,20 @@ def checked(key: str, message: Message, source: str) -> str:
             f"{len(key)} characters long; the limit is {MAX_KEY_LENGTH}"
         )
     return key
+
+
+def derive(policy: KeyPolicy, message: Message) -> str:
+    """The message's key by ``policy``: ``IdempotencyKeyError`` (a ``Reject``) whatever the
+    cause when it cannot be had, so no body a producer sends makes a key raise anything else."""
+    try:
+        return policy(message)
+    except IdempotencyKeyError:
+        raise
+    except Exception as exc:
+        raise IdempotencyKeyError(
+            f"the idempotency key {policy} of message {message.message_id} could not be "
+            f"derived: {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
 
 
 def parse(raw: str) -> KeyPolicy:

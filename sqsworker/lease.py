@@ -122,6 +122,7 @@ class Held:
 
 _LIVE = (State.WAITING, State.RUNNING, State.SETTLING)  # a tuple: `in` tests identity first
 _DISOWNED = "the receipt handle no longer owns the message; it may be delivered again"
+_LAPSED = "its lease ran out while the delete kept failing; it may be delivered again"
 
 
 @dataclass(frozen=True)
@@ -753,6 +754,8 @@ class LeaseKeeper:
             for op in ops:
                 self._lapse(op.held, now)
                 if op.held.state is State.LOST:
+                    if op.action == "delete":  # handled, and it may be delivered again
+                        self.observer.delete_failed(op.held.message, _LAPSED, False)
                     continue
                 op.not_before = now + RETRY_AFTER_ERROR
                 op.urgent = op.urgent or self._stopping  # a stop sends all it can

@@ -94,11 +94,17 @@ def summary(counts: Mapping[str, int], **fields: Any) -> None:
         leases_lost=counts.get("leases_lost", 0),
         handed_back=counts.get("handed_back", 0),
         duplicates_suppressed=counts.get("duplicates_suppressed", 0),
+        # Handled, but SQS never took the delete (its lease ran out first): it may run again.
+        not_deleted=counts.get("not_deleted", 0),
+        worker_errors=counts.get("worker_errors", 0),
     )
 
 
 def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
+
+
+SQS_AWAY_AFTER = 10.0  # seconds of failed receives in a row before the log says SQS is away
 
 
 class LogObserver(Observer):
@@ -108,6 +114,8 @@ class LogObserver(Observer):
         self.log_bodies = log_bodies
         self.max_receive_count: int | None = None
         self._traced: tuple[int, int] | None = None  # the last error whose trace was shown
+        # Handled messages whose delete SQS never took: they may run again.
+        self.not_deleted = 0
 
     def _trace_once(self, error: BaseException | None) -> BaseException | None:
         """``error``, for its traceback, unless the line before showed it: a batch handler's
@@ -147,6 +155,19 @@ class LogObserver(Observer):
 
     def receive_failed(self, error: TransportError, retry_in: float) -> None:
         self.log.warning("receive failed; retrying", error=str(error), retry_in=retry_in)
+
+    def sqs_unanswered(self, seconds: float, error: str) -> None:
+        if seconds >= SQS_AWAY_AFTER:  # the receive's own line said the first failures
+            self.log.error(
+                "SQS has not answered the receives; messages held keep their leases only if "
+                "it answers again in time",
+                unanswered_for=f"{seconds:.0f}s",
+                error=error,
+            )
+
+    def sqs_answered_again(self, seconds: float) -> None:
+        if seconds >= SQS_AWAY_AFTER:
+            self.log.info("SQS answers again", was_unanswered_for=f"{seconds:.0f}s")
 
     def handler_succeeded(self, message: Message, duration: float) -> None:
         self._for(message).info("message processed", duration=round(duration, 3))
@@ -237,7 +258,39 @@ class LogObserver(Observer):
     def handler_skipped(self, message: Message, reason: str) -> None:
         self._for(message).warning("message not run", reason=reason)
 
+    def dead_letter_notes_cut(self, message: Message, notes: Sequence[str]) -> None:
+        self._for(message).warning(
+            "the dead-letter copy cuts or leaves out notes to fit the dead-letter queue's "
+            "size limit",
+            notes=list(notes),
+        )
+
+    def rejected_copy_refused(self, message: Message, error: BaseException, reason: str) -> None:
+        self._for(message, with_body=True).error(
+            "handler rejected the message, but the dead-letter queue refuses any copy of it; "
+            "returned unrun until SQS's redrive moves it there (without the notes)",
+            error=_error(error),
+            reason=reason,
+        )
+
+    def step_failed(
+        self, message: Message, error: BaseException, retry_in: float, last_attempt: bool
+    ) -> None:
+        then = (
+            "SQS moves it to the dead-letter queue on its next receive"
+            if last_attempt
+            else "returned to the queue; the worker goes on"
+        )
+        self._for(message).error(
+            f"a step of the worker's own around the handler failed on this message; {then}",
+            error=_error(error),
+            retry_in=round(retry_in, 1),
+            exc_info=self._trace_once(error),
+        )
+
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
+        if not will_retry:
+            self.not_deleted += 1
         log = self._for(message)
         (log.warning if will_retry else log.error)(
             "delete failed", reason=reason, will_retry=will_retry
@@ -322,8 +375,16 @@ class LogObserver(Observer):
         )
 
     def shutdown_finished(self, clean: bool, handed_back: int, unsettled: int) -> None:
-        log = self.log.info if clean and not unsettled else self.log.warning
-        log("stopped", clean=clean, handed_back=handed_back, unsent_deletes_or_returns=unsettled)
+        log = (
+            self.log.info if clean and not unsettled and not self.not_deleted else self.log.warning
+        )
+        log(
+            "stopped",
+            clean=clean,
+            handed_back=handed_back,
+            unsent_deletes_or_returns=unsettled,
+            not_deleted=self.not_deleted,
+        )
 
     def burst_finished(self) -> None:
         self.log.info("queue is empty; burst mode stops")

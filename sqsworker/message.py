@@ -191,8 +191,13 @@ class Message:
 
     @property
     def sent_at(self) -> datetime | None:
+        """When SQS took the message, from SentTimestamp; None where a server left it out
+        or sent something that is not a time."""
         raw = self.attributes.get("SentTimestamp")
-        return datetime.fromtimestamp(int(raw) / 1000, tz=UTC) if raw else None
+        try:
+            return datetime.fromtimestamp(int(raw) / 1000, tz=UTC) if raw else None
+        except (ValueError, OverflowError, OSError):
+            return None
 
     def transaction(self) -> AbstractContextManager[Any]:
         """A connection to the idempotency store's database, inside one transaction.
@@ -221,4 +226,9 @@ class Message:
         except ValueError as exc:
             raise MessageDecodeError(
                 f"message {self.message_id} has a body that is not valid JSON ({exc})"
+            ) from None
+        except RecursionError:
+            raise MessageDecodeError(
+                f"message {self.message_id} has a body of JSON nested deeper than Python's "
+                "parser reads"
             ) from None

@@ -85,6 +85,13 @@ class _Families:
         self.messages_skipped = counter(
             "sqsworker_messages_skipped", "Held messages not run because their lease was lost."
         )
+        self.worker_errors = counter(
+            "sqsworker_worker_errors",
+            "Messages on which a step of the worker's own around the handler raised (a bug, "
+            "or input no step could read), by exception type: each is returned after a "
+            "backoff, and the thread goes on.",
+            "exception",
+        )
         self.deletes = counter(
             "sqsworker_deletes",
             "Messages deleted: after success, or once a rejected message was copied to the "
@@ -246,7 +253,7 @@ class Metrics(Observer):
     def handler_started(self, message: Message) -> None:
         self._receive_count.observe(message.receive_count)
         sent = message.attributes.get("SentTimestamp")  # milliseconds: no datetime per message
-        if sent:
+        if sent and sent.isdigit() and len(sent) < 20:  # another server may send no number
             self._age.observe(max(0.0, self.clock.time() - int(sent) / 1000))
 
     def handler_succeeded(self, message: Message, duration: float) -> None:
@@ -288,6 +295,17 @@ class Metrics(Observer):
 
     def handler_skipped(self, message: Message, reason: str) -> None:
         self._skipped.inc()
+
+    def rejected_copy_refused(self, message: Message, error: BaseException, reason: str) -> None:
+        self.f.messages_rejected.labels(**self.labels, exception=type(error).__name__).inc()
+
+    def step_failed(
+        self, message: Message, error: BaseException, retry_in: float, last_attempt: bool
+    ) -> None:
+        self.f.worker_errors.labels(**self.labels, exception=type(error).__name__).inc()
+        self._retried.inc()
+        if last_attempt:
+            self.f.messages_dead_lettered.labels(**self.labels, reason="max_receives").inc()
 
     def loop_blocked(self, seconds: float, where: str) -> None:
         self.f.loop_stalls.labels(**self.labels).inc()
@@ -373,8 +391,15 @@ class _HeldCollector(Collector):
             "retries count as requests.",
             labels=[*names, "action", "outcome"],
         )
+        unanswered = GaugeMetricFamily(
+            "sqsworker_sqs_unanswered_seconds",
+            "Seconds since the receives began failing in a row (0 while SQS answers): SQS "
+            "unreachable, throttling or refusing; the log and /healthz say why.",
+            labels=names,
+        )
         for worker, labels in list(self.workers):
             values = [labels[name] for name in names]
+            unanswered.add_metric(values, worker.sqs_unanswered()[0])
             keeper = worker.keeper
             if keeper is not None:
                 snapshot = keeper.snapshot()
@@ -396,3 +421,4 @@ class _HeldCollector(Collector):
         yield held
         yield cap
         yield requests
+        yield unanswered

@@ -16,9 +16,8 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +68,7 @@ def pointer_of(body: str, message_attributes: Mapping[str, Any]) -> Pointer | No
     try:
         kind, place = json.loads(body)
         bucket, key = place["s3BucketName"], place["s3Key"]
-    except (ValueError, TypeError, KeyError):
+    except Exception:  # any body a producer sent: nesting deep enough is a RecursionError
         bucket = key = kind = None
     if kind not in (POINTER_CLASS, LEGACY_POINTER_CLASS) or not (
         isinstance(bucket, str) and isinstance(key, str) and bucket and key
@@ -99,7 +98,11 @@ class Payloads:
         self._client = client
         self._owns_client = client is None
         self._lock = threading.Lock()
-        self._remover: ThreadPoolExecutor | None = None
+        self._remover: threading.Thread | None = None
+        # (bucket, keys) of each removal asked for and not begun. Guarded by _lock.
+        self._removals: deque[tuple[str, list[str]]] = deque()
+        self._removing = 0  # objects the removal under way names
+        self._changed = threading.Condition(self._lock)
 
     @property
     def client(self) -> Any:
@@ -160,11 +163,27 @@ class Payloads:
             return
         with self._lock:
             if self._remover is None:
-                self._remover = ThreadPoolExecutor(1, thread_name_prefix="sqsworker-payloads")
-            remover = self._remover
-        for bucket, keys in by_bucket.items():
-            for first in range(0, len(keys), _DELETE_CHUNK):
-                remover.submit(self._remove, bucket, keys[first : first + _DELETE_CHUNK])
+                # A daemon: a removal under way at exit (S3 unreachable) never holds it up.
+                self._remover = threading.Thread(
+                    target=self._remove_all, name="sqsworker-payloads", daemon=True
+                )
+                self._remover.start()
+            for bucket, keys in by_bucket.items():
+                for first in range(0, len(keys), _DELETE_CHUNK):
+                    self._removals.append((bucket, keys[first : first + _DELETE_CHUNK]))
+            self._changed.notify_all()
+
+    def _remove_all(self) -> None:
+        while True:
+            with self._lock:
+                while not self._removals:
+                    self._changed.wait()
+                bucket, keys = self._removals.popleft()
+                self._removing = len(keys)
+            self._remove(bucket, keys)
+            with self._lock:
+                self._removing = 0
+                self._changed.notify_all()
 
     def _remove(self, bucket: str, keys: list[str]) -> None:
         try:
@@ -182,13 +201,21 @@ class Payloads:
                 reason=f"{error.get('Code')}: {error.get('Message')}",
             )
 
-    def close(self) -> None:
-        """Wait for the removals asked for (each one S3 request), then close the client
-        made here."""
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for the removals asked for (each one S3 request), ``timeout`` seconds at
+        most when given: those not done by then are logged and left to the bucket's
+        lifecycle rule. Then close the client made here."""
         with self._lock:
-            remover, self._remover = self._remover, None
-        if remover is not None:
-            remover.shutdown(wait=True)
+            self._changed.wait_for(lambda: not (self._removals or self._removing), timeout)
+            left = self._removing + sum(len(keys) for _, keys in self._removals)
+            self._removals.clear()
+        if left:
+            log.warning(
+                "offloaded bodies not removed by the shutdown's deadline: left in S3 for the "
+                "bucket's lifecycle rule to clear",
+                objects=left,
+            )
+            return  # a removal under way still uses the client; the process ends it
         with self._lock:
             client, self._client = (self._client, None) if self._owns_client else (None, None)
         if client is not None:
@@ -238,6 +265,12 @@ class RemoveAfterDelete(Observer):
         self._lock = threading.Lock()
         self._expected: dict[Message, Pointer] = {}
 
+    @property
+    def pending(self) -> int:
+        """Messages expected, whose delete SQS has not confirmed yet."""
+        with self._lock:
+            return len(self._expected)
+
     def expect(self, message: Message) -> None:
         pointer = message.offloaded_to
         if pointer is not None:
@@ -254,6 +287,11 @@ class RemoveAfterDelete(Observer):
             self._forget(message)
 
     def lease_lost(self, message: Message, reason: str) -> None:
+        self._forget(message)
+
+    def deleted_after_lease_lost(self, message: Message) -> None:
+        # SQS may have delivered it again meanwhile: its body now belongs to whoever holds
+        # that delivery, so it stays in S3, and is forgotten here.
         self._forget(message)
 
     def _forget(self, message: Message) -> None:

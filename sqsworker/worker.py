@@ -16,9 +16,11 @@ handler threads would otherwise sit idle: then it asks for what fits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import inspect
 import math
+import re
 import threading
 import uuid
 from functools import partial
@@ -48,7 +50,7 @@ from .lanes import HANDED_BACK_BEHIND, Lanes, Line
 from .lease import MAX_SENDERS, Held, LeaseKeeper
 from .payloads import Payloads, RemoveAfterDelete, is_offloaded
 from .policies import Backoff
-from .transports import MAX_BATCH, OutgoingMessage, Transport, send_all
+from .transports import MAX_BATCH, OutgoingMessage, QueueInfo, Transport, send_all
 
 if TYPE_CHECKING:
     from .message import Message
@@ -104,6 +106,9 @@ class Worker:
         self._store = idempotency_store  # else opened from config.idempotency_store at start
         self.idempotency: Idempotency | None = None
         self._dead_letter_queue: Transport | None = None
+        # Messages no copy of which the dead-letter queue takes: returned unrun until SQS's
+        # redrive moves them (ids only, the latest few thousand).
+        self._refused_copies = RecentIds(4096)
         # A batch handler's thread runs a batch at a time: up to this many messages.
         self.batch_size, self.batch_window = self._batching()
         # Messages that may run at once: one per handler thread, or a batch each.
@@ -123,7 +128,11 @@ class Worker:
         # held beyond the capacity (a batch per sender), and no more. Deletes failing for a
         # while must not let held messages pile up.
         self.unanswered = MAX_BATCH * self.senders
-        self.held_bound = self.capacity + self.unanswered
+        # Duplicates held while their key is busy elsewhere take no room from runnable
+        # messages, up to this many; past it a busy key's duplicate goes back to the queue
+        # until the key is free (kept, taking room, only on its last attempt).
+        self.max_deferred = max(MAX_BATCH, self.slots)
+        self.held_bound = self.capacity + self.max_deferred + self.unanswered
 
         self._stopping = threading.Event()  # set once: no more receives
         # One lock guards _pending, _deferred, _unfinished, _closing, the receives' state
@@ -150,6 +159,9 @@ class Worker:
         self._polls_began: dict[int, tuple[float, int]] = {}
         self._paused_until = -math.inf  # no receive starts before (after a failure, idle)
         self._failures = 0  # receives failed in a row
+        # Since when the receives have failed in a row (None while SQS answers), and why.
+        self._failing_since: float | None = None
+        self._last_error = ""
         # FIFO receives that failed: the next receives reuse their ids, and so get their
         # messages back instead of leaving a lost response's messages invisible.
         self._failed_attempts: list[str] = []
@@ -178,8 +190,19 @@ class Worker:
     def started(self) -> bool:
         return self._started
 
+    def sqs_unanswered(self) -> tuple[float, str]:
+        """Seconds the receives have failed in a row (0 while SQS answers), and the last
+        error."""
+        since = self._failing_since
+        if since is None:
+            return 0.0, ""
+        return self.clock.monotonic() - since, self._last_error
+
     def health(self) -> Health:
+        unanswered, error = self.sqs_unanswered()
         return Health(
+            sqs_unanswered=unanswered,
+            sqs_error=error,
             started=self._started,
             stopping=self._stopping.is_set(),
             receiver_overdue=max(p.overdue() for p in self._receiving),
@@ -404,7 +427,8 @@ class Worker:
         self.transport.close()
         if self.idempotency:  # a store call still under way at the deadline is left to end
             self.idempotency.close(deadline=max(deadline, self.clock.monotonic() + 5.0))
-        self.payloads.close()  # the removals of offloaded bodies asked for (one request each)
+        # The removals of offloaded bodies asked for (one request each), until the deadline.
+        self.payloads.close(timeout=max(0.0, deadline - self.clock.monotonic()))
         self.observer.shutdown_finished(clean, self.keeper.handed_back_count, unsettled)
         return 0 if clean else 1
 
@@ -461,10 +485,19 @@ class Worker:
                 if attempt_id is not None:
                     self._failed_attempts.append(attempt_id)
                 self._answered(index, full=False)
+                now = self.clock.monotonic()
+                if self._failing_since is None:
+                    self._failing_since = began
+                self._last_error = str(exc)
+                failing_for = now - self._failing_since
             self.observer.receive_failed(_as_transport_error(exc), retry_in)
+            self.observer.sqs_unanswered(failing_for, str(exc))
             return True
         with self._slots:
             self._failures = 0
+            since, self._failing_since = self._failing_since, None
+        if since is not None:
+            self.observer.sqs_answered_again(self.clock.monotonic() - since)
         if not envelopes:
             with self._slots:
                 if wait == 0:  # no long poll to pace the receives
@@ -529,7 +562,7 @@ class Worker:
                 free = self._room() - self._asked
                 # Handler threads with nothing to run and no receive under way to bring any:
                 # a receive for less than a batch is better than a barrier.
-                starved = self._polls == 0 and self._unfinished < self.slots
+                starved = self._polls == 0 and self._active() < self.slots
                 worth = free >= self.batch or (free > 0 and starved)
                 if worth and (self._polls == 0 or self._flowing):
                     asked = min(free, MAX_BATCH)
@@ -537,7 +570,7 @@ class Worker:
                     self._asked += asked
                     self._polls_began[index] = (self.clock.monotonic(), asked)
                     return asked
-                if not worth and self._capacity() - self._unfinished - self._asked >= self.batch:
+                if not worth and self._capacity() - self._active() - self._asked >= self.batch:
                     # Only unanswered deletes and returns stand in the way: send them now
                     # rather than after --delete-interval, so the handlers are not starved.
                     self.keeper.flush()
@@ -547,7 +580,12 @@ class Worker:
     def _room(self) -> int:
         assert self.keeper is not None
         unanswered = max(0, self.keeper.settling_count() - self.unanswered)
-        return self._capacity() - self._unfinished - unanswered
+        return self._capacity() - self._active() - unanswered
+
+    def _active(self) -> int:
+        """Messages that take room: those not yet through a handler, less the duplicates
+        held for a busy key (up to ``max_deferred``). Under ``_slots``."""
+        return self._unfinished - min(len(self._deferred), self.max_deferred)
 
     def _capacity(self) -> int:
         """How many may be waiting or running now: ``capacity`` unless --prefetch is auto."""
@@ -583,6 +621,8 @@ class Worker:
                 began = self.clock.monotonic()
                 try:
                     kept = self._process(held)
+                except Exception as exc:  # a step of ours failed: the message's failure
+                    self._contain(held, began, exc)
                 except BaseException:
                     self._fault_returns(held)
                     raise
@@ -602,13 +642,17 @@ class Worker:
                 began = self.clock.monotonic()
                 try:
                     finished = self._run_batch(batch)
-                except BaseException:
-                    finished = batch  # a fault of the worker's own: hand back what it holds
-                    with self._slots:  # any deferred meanwhile is handed back here, once
+                except BaseException as exc:
+                    finished = batch  # a fault of the worker's own: settle what it holds
+                    with self._slots:  # any deferred meanwhile is settled here, once
                         self._deferred = [(d, h) for d, h in self._deferred if h not in batch]
                     for held in batch:
-                        self._fault_returns(held)
-                    raise
+                        if not isinstance(exc, Exception):
+                            self._fault_returns(held)
+                        elif held.outcome is None:  # each one's failure; the thread goes on
+                            self._contain(held, began, exc)
+                    if not isinstance(exc, Exception):
+                        raise
                 finally:
                     took = self.clock.monotonic() - began
                     for held in finished:
@@ -848,6 +892,11 @@ class Worker:
             kept = await self._process_async(held)
         except asyncio.CancelledError:
             raise  # at the shutdown's timeout: the message was handed back already
+        except Exception as exc:  # a step of ours failed: the message's failure
+            if self.idempotency is not None:  # releasing its claim calls the store
+                await self._loop_runner.offload(self._contain, held, began, exc)  # type: ignore[union-attr]
+            else:
+                self._contain(held, began, exc)
         except BaseException:
             self._fault_returns(held)
             raise
@@ -904,12 +953,47 @@ class Worker:
         else:
             self._settle(held, started, error)
 
-    def _prepare(self, held: Held, started: float, keep: bool = True) -> _Step:
-        """What comes before the handler: its body fetched from S3 if it was offloaded,
-        its idempotency key claimed. RUN the handler, KEEP it to look at again, or DONE
-        (settled here). Without ``keep``, a busy key's message is returned, not kept."""
+    # -- containment: no message can stop a worker ------------------------------------------
+
+    def _contain(self, held: Held, started: float, error: Exception) -> None:
+        """A step of the worker's own around the handler raised: fetching or reading the
+        body, deriving or claiming its key, settling its outcome. Whether a bug of ours or
+        input no step could read, it is that message's failure, never its thread's: its
+        claim released, returned after a backoff (--backoff-max when the backoff is what
+        failed), reported and counted; on its last attempt SQS dead-letters it."""
         assert self.keeper is not None
         message = held.message
+        self._release_claim(message)
+        last = False
+        try:
+            last = self._last_attempt(message)
+            delay = 0.0 if last else self.backoff.delay(message.receive_count)
+        except Exception:
+            delay = self.config.backoff_max
+        if held.outcome is None:  # not already on its way out (a delete or return queued)
+            self.keeper.release(held, delay, "worker error")
+        with contextlib.suppress(Exception):  # the span is a nicety; the thread goes on
+            self._traced(message, "failed", error, retry_in=delay, last_attempt=last)
+        self.observer.step_failed(message, error, delay, last)
+
+    def _prepare(self, held: Held, started: float, keep: bool = True) -> _Step:
+        """What comes before the handler (``_steps_before``); a step that raises is the
+        message's failure, settled here (DONE)."""
+        try:
+            return self._steps_before(held, started, keep)
+        except Exception as exc:
+            self._contain(held, started, exc)
+            return _Step.DONE
+
+    def _steps_before(self, held: Held, started: float, keep: bool) -> _Step:
+        """Its body fetched from S3 if it was offloaded, its idempotency key claimed. RUN
+        the handler, KEEP it to look at again, or DONE (settled here). Without ``keep``, a
+        busy key's message is returned, not kept."""
+        assert self.keeper is not None
+        message = held.message
+        if message.message_id in self._refused_copies:
+            self.keeper.release(held, 0, "its dead-letter copy was refused")
+            return _Step.DONE
         if is_offloaded(message.raw_message_attributes):
             try:
                 message.fetch_body(self.payloads)  # before the key is derived from the body
@@ -939,7 +1023,15 @@ class Worker:
         return _Step.RUN
 
     def _settle(self, held: Held, started: float, error: BaseException | None) -> None:
-        """The handler's outcome: the delete on success (None), else the failure path."""
+        """The handler's outcome (``_settle_outcome``); a step of settling that raises is
+        the message's failure all the same."""
+        try:
+            self._settle_outcome(held, started, error)
+        except Exception as exc:
+            self._contain(held, started, exc)
+
+    def _settle_outcome(self, held: Held, started: float, error: BaseException | None) -> None:
+        """The delete on success (None), else the failure path."""
         assert self.keeper is not None
         message = held.message
         if error is None:
@@ -1013,14 +1105,22 @@ class Worker:
                 self._traced(message, "deferred", retry_in=retry_in)
                 self.observer.duplicate_deferred(message, retry_in)
                 return None
+            last = self._last_attempt(message)
             with self._slots:
                 closing = self._closing  # shutdown took the deferred ones already
-                if not closing:
+                full = len(self._deferred) >= self.max_deferred and not last
+                if not closing and not full:
                     self.keeper.defer(held)
                     self._deferred.append((self.clock.monotonic() + retry_in, held))
                     self._runnable.notify()  # a waiting handler thread looks at its due time
+                    self._slots.notify_all()  # it takes no room now: receives may go on
             if closing:
                 self.keeper.hand_back([held])
+                return None
+            if full:  # held, it would take the room of a runnable message
+                self.keeper.release(held, retry_in, "its idempotency key is in progress elsewhere")
+                self._traced(message, "deferred", retry_in=retry_in)
+                self.observer.duplicate_deferred(message, retry_in)
                 return None
             self._traced(message, "deferred", retry_in=retry_in)
             self.observer.duplicate_deferred(message, retry_in)
@@ -1116,8 +1216,26 @@ class Worker:
             return
         try:
             dlq = self._dead_letters(target)
-            send_all(dlq, [_dead_letter_copy(message, exc, dlq.info.fifo)])
+            copy, changed = _dead_letter_copy(message, exc, dlq.info)
+            if copy is None:
+                raise TransportError(
+                    f"the message takes more than the dead-letter queue's limit of "
+                    f"{dlq.info.maximum_message_size:,} bytes",
+                    code="MessageTooLong",
+                )
+            if changed:
+                self.observer.dead_letter_notes_cut(message, changed)
+            send_all(dlq, [copy])
         except (TransportError, StartupError) as error:
+            if isinstance(error, TransportError) and error.code in _REFUSED_CONTENT:
+                # No copy of it can go, and running it again would not change that: SQS's
+                # own redrive moves it after maxReceiveCount receives. Until then this
+                # worker returns it unrun whenever it comes.
+                self._refused_copies.add(message.message_id)
+                self.keeper.release(held, 0, "its dead-letter copy was refused")
+                self._traced(message, "rejected", exc, dead_letter_copy_refused=str(error))
+                self.observer.rejected_copy_refused(message, exc, str(error))
+                return
             self.observer.request_failed("SendMessageBatch", _as_transport_error(error))
             last = self._last_attempt(message)
             retry_in = 0.0 if last else self.backoff.delay(message.receive_count)
@@ -1134,6 +1252,24 @@ class Worker:
         if self._dead_letter_queue is None:
             self._dead_letter_queue = self.transport.open(arn)
         return self._dead_letter_queue
+
+
+class RecentIds:
+    """A set of the latest ``size`` ids added, safe between threads."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._ids: dict[str, None] = {}
+        self._lock = threading.Lock()
+
+    def add(self, item: str) -> None:
+        with self._lock:
+            self._ids[item] = None
+            if len(self._ids) > self.size:
+                del self._ids[next(iter(self._ids))]
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._ids
 
 
 class Pace:
@@ -1173,23 +1309,65 @@ def _smooth(old: float, new: float, weight: float) -> float:
     return new if old == 0 else old + weight * (new - old)
 
 
-def _dead_letter_copy(message: Message, exc: BaseException, fifo: bool) -> OutgoingMessage:
-    """The copy ``Reject`` sends: the group id kept (a FIFO queue's, or a fair queue's
-    tenant), a deduplication id only where SQS takes one, on a FIFO queue."""
-    attributes = dict(message.raw_message_attributes)
-    notes = {
-        "sqsworker-error": f"{type(exc).__name__}: {exc}"[:1024],
-        "sqsworker-source-message-id": message.message_id,
-    }
-    for name, text in notes.items():
-        if len(attributes) < MAX_ATTRIBUTES:
-            attributes[name] = {"DataType": "String", "StringValue": text}
-    return OutgoingMessage(
+def _dead_letter_copy(
+    message: Message, exc: BaseException, info: QueueInfo
+) -> tuple[OutgoingMessage | None, list[str]]:
+    """The copy ``Reject`` sends, and the names of the notes it had to leave out or cut.
+
+    The group id kept (a FIFO queue's, or a fair queue's tenant), a deduplication id only
+    where SQS takes one, on a FIFO queue. SQS counts attributes against the size limit, so
+    the notes are cut, then left out, to fit the dead-letter queue's limit; None when even
+    the message as it came does not fit there.
+    """
+    fifo = info.fifo
+    bare = OutgoingMessage(
         body=message.sent_body,  # an offloaded body's pointer, with its size attribute
-        message_attributes=attributes,
+        message_attributes=dict(message.raw_message_attributes),
         group_id=message.group_id,
         deduplication_id=message.message_id if fifo else None,
     )
+    room = info.maximum_message_size - bare.size
+    if room < 0:
+        return None, []
+    notes = {
+        "sqsworker-source-message-id": message.message_id,
+        "sqsworker-error": _attribute_text(f"{type(exc).__name__}: {exc}")[:1024],
+    }
+    attributes = dict(bare.message_attributes)
+    changed = []
+    for name, text in notes.items():
+        fits = room - len(name) - len("String")
+        if len(attributes) >= MAX_ATTRIBUTES or fits <= 0:
+            changed.append(name)
+            continue
+        if len(text.encode()) > fits:
+            text = text.encode()[:fits].decode(errors="ignore")
+            changed.append(name)
+        attributes[name] = {"DataType": "String", "StringValue": text}
+        room = fits - len(text.encode())
+    return OutgoingMessage(
+        bare.body, attributes, group_id=bare.group_id, deduplication_id=bare.deduplication_id
+    ), changed
+
+
+def _attribute_text(text: str) -> str:
+    """``text`` with the characters SQS refuses in an attribute value replaced (it takes
+    tab, newline, carriage return, and #x20 to #xD7FF, #xE000 to #xFFFD, #x10000 up)."""
+    return _REFUSED.sub("\ufffd", text)
+
+
+_REFUSED = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# Codes of a send SQS refused for the message itself: sending it again cannot succeed.
+_REFUSED_CONTENT = frozenset(
+    {
+        "InvalidParameterValue",
+        "InvalidMessageContents",
+        "MessageTooLong",
+        "InvalidAttributeValue",
+        "InvalidAttributeName",
+        "BatchRequestTooLong",
+    }
+)
 
 
 def _refuse_coroutine(result: Any, name: str) -> None:

@@ -42,7 +42,11 @@ class Envelope:
 
     @property
     def receive_count(self) -> int:
-        return int(self.attributes.get("ApproximateReceiveCount", "1"))
+        """SQS's ApproximateReceiveCount: 1 when a server left it out or sent no number."""
+        try:
+            return max(1, int(self.attributes.get("ApproximateReceiveCount", "1")))
+        except ValueError:
+            return 1
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,11 @@ class MemorySQS:
         with self._lock:
             self._faults.setdefault(action, []).extend([error] * times)
 
+    def clear_faults(self) -> None:
+        """Forget the faults injected and not yet raised."""
+        with self._lock:
+            self._faults.clear()
+
     # -- the API, called by MemoryTransport ------------------------------------
 
     @contextmanager

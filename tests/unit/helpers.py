@@ -45,12 +45,13 @@ class Rig:
         payloads: Payloads | None = None,
         tracer: Any = None,
         queue: str = "jobs",
+        queue_attributes: dict[str, str] | None = None,
         **options: Any,
     ) -> None:
         self.memory, self.clock = memory, clock
         self._stopper = threading.Thread()  # shutdown's thread, once begin_stop made it
         if dead_letter:
-            memory.create_queue_with_dlq(queue, max_receive_count)
+            memory.create_queue_with_dlq(queue, max_receive_count, **(queue_attributes or {}))
         else:
             memory.create_queue(queue)
         self.queue = memory.transport(queue)

@@ -342,7 +342,8 @@ def test_held_messages_stay_bounded_while_deletes_keep_failing(
         prefetch=1,
     )
     bound = 2 + 1 + MAX_BATCH * rig.worker.senders
-    assert rig.worker.held_bound == bound and rig.worker.senders == 2
+    # Duplicates held for a busy key have a bound of their own; none are sent here.
+    assert rig.worker.held_bound == bound + rig.worker.max_deferred and rig.worker.senders == 2
     transport.delete_error = outage()
     rig.send(*[f"m{i}" for i in range(60)])
     rig.worker.start()
