@@ -326,6 +326,7 @@ class Worker:
         held unrun (its thread ends, or its coroutine, and /healthz reports it)."""
         assert self.keeper is not None
         self.keeper.release(held, 0, "worker error", urgent=True)
+        self._release_claim(held.message)  # or the claim keeper renews it for ever
 
     @property
     def _threads(self) -> int:
@@ -400,6 +401,8 @@ class Worker:
             while self._pollers_alive:
                 self.clock.wait(self._slots, None)
             returned, self._returned_at_stop = self._returned_at_stop, []
+            failed, self._failed_attempts = self._failed_attempts, []
+        returned += self._receive_again(failed)
 
         # 3. Hand back the received-but-unstarted messages, and what those polls
         #    returned: visible to others at once. Only now: a poll of ours still under
@@ -431,6 +434,28 @@ class Worker:
         self.payloads.close(timeout=max(0.0, deadline - self.clock.monotonic()))
         self.observer.shutdown_finished(clean, self.keeper.handed_back_count, unsettled)
         return 0 if clean else 1
+
+    def _receive_again(self, attempt_ids: list[str]) -> list[Held]:
+        """FIFO receives that failed and were not retried before the stop: SQS may have
+        hidden their messages all the same (the answer lost), blocking their groups for a
+        visibility timeout. A receive with the same attempt id returns those messages, to
+        be handed back at once. Best effort: one try each."""
+        assert self.keeper is not None
+        again: list[Held] = []
+        for attempt_id in attempt_ids:
+            began = self.clock.monotonic()
+            try:
+                envelopes = self.transport.receive(
+                    MAX_BATCH, 0, self.config.visibility_timeout, attempt_id
+                )
+            except Exception as exc:
+                self.observer.receive_failed(_as_transport_error(exc), 0.0)
+                continue
+            if envelopes:
+                held = self.keeper.add(envelopes, began, self.config.visibility_timeout)
+                self.observer.received([h.message for h in held])
+                again += held
+        return again
 
     # -- the receive thread --------------------------------------------------------------
 

@@ -17,7 +17,10 @@ The invariants (docs/delivery.md states the promise they check):
 - no thread waits forever: lease.extend() returns within a lease, shutdown within
   its timeout plus a receive, every thread of a stopped worker ends, the queue drains;
 - two handlers of one idempotency key never overlap while the first one's lease lives;
-- no simulated thread dies of an exception;
+- no simulated thread dies of an exception, and no worker's thread is lost (/healthz);
+- ordinary messages keep being processed while hostile ones are in the queue: on a
+  standard queue, none stays receivable for long while a live worker has had free
+  handler room all that time and no fault was injected;
 - after a clean shutdown no message received by that worker is invisible.
 """
 
@@ -25,10 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqsworker import Backoff, Handler, Message, Reject, Retry, Worker, WorkerConfig
@@ -137,6 +141,12 @@ class Schedule:
     horizon: float
     keyed: bool = False  # messages carry idempotency keys; the workers share a store
     copies: set[int] = field(default_factory=set)  # sent twice under one key
+    # Hostile input (drawn apart): message number -> its kind (see HOSTILE), and the
+    # receive count SQS reports for "count" messages.
+    hostile: dict[int, str] = field(default_factory=dict)
+    reported_count: int = 0
+    hide_redrive: bool = False  # the workers read no redrive policy (added after they started)
+    floods: dict[int, int] = field(default_factory=dict)  # extra copies of one busy key
 
     @property
     def calm(self) -> bool:
@@ -152,6 +162,12 @@ class Schedule:
             f"{dict(self.config)}, maxReceiveCount {self.max_receive_count}, "
             f"messages {dict(kinds)}, faults {self.faults}, stops {self.stops}, "
             f"crashes {self.crashes}, idempotency keys {self.keyed}, copies {sorted(self.copies)}"
+            + (
+                f", hostile {self.hostile} (count {self.reported_count}, redrive hidden "
+                f"{self.hide_redrive}), floods {self.floods}"
+                if self.hostile or self.floods
+                else ""
+            )
         )
 
 
@@ -243,7 +259,7 @@ def draw(seed: int) -> Schedule:
     interval = random.Random(f"interval {seed}")
     if interval.random() < 0.15:
         config["delete_interval"] = interval.choice([5.0, 10.0])
-    return Schedule(
+    schedule = Schedule(
         seed=seed,
         fifo=rng.random() < 0.3,
         config=config,
@@ -258,6 +274,46 @@ def draw(seed: int) -> Schedule:
         keyed=keyed,
         copies=copies,
     )
+    _draw_hostile(schedule, random.Random(f"hostile {seed}"))
+    return schedule
+
+
+# What a producer can send, and SQS (or another server) report, that no step may choke on:
+# a receive count past any exponent, a body nested past Python's JSON parser with the S3
+# pointer's size attribute, the same body under a JSON idempotency key, a body of escapes,
+# and a flood of copies of one key whose first delivery runs long.
+HOSTILE = ("count", "pointer", "deep", "escapes")
+DEEP_BODY = "[" * 3000 + "]" * 3000
+
+
+def _draw_hostile(schedule: Schedule, rng: random.Random) -> None:
+    """Now and then hostile messages among the ordinary ones, from their own RNG: every
+    seed replays the schedule it drew before they existed, plus these."""
+    if rng.random() >= 0.3:
+        return
+    numbers = sorted(schedule.plans)
+    for n in rng.sample(numbers, k=min(len(numbers), rng.randint(1, 3))):
+        schedule.hostile[n] = rng.choice(HOSTILE)
+    schedule.reported_count = rng.choice([1025, 5000, 2**31 - 1, 2**31])
+    if "count" in schedule.hostile.values():
+        # A count this high never reaches a worker that knows the redrive policy: SQS
+        # would have moved the message. The policy added after the workers started, then.
+        schedule.hide_redrive = True
+        for n, kind in schedule.hostile.items():
+            if kind == "count":  # fails once, so its backoff is computed from the count
+                schedule.plans[n].kind = "flaky"
+    if schedule.keyed:
+        schedule.config["idempotency_key"] = "json:n"  # read from the body: deep ones break it
+        if rng.random() < 0.5:
+            n = rng.choice(numbers)
+            plan = schedule.plans[n]
+            # Its first delivery runs long: past the progress invariant's window.
+            plan.kind = "healthy"
+            plan.durations[0] = max(3.0 * schedule.config["visibility_timeout"], 200.0)
+            schedule.floods[n] = rng.randint(8, 20)
+            first = next(at for at, sent in schedule.sends if n in sent)
+            schedule.sends.append((first + 1.0, [n] * schedule.floods[n]))
+            schedule.sends.sort(key=lambda s: s[0])
 
 
 def _duration(rng: random.Random, visibility: int) -> float:
@@ -277,6 +333,8 @@ class SimTransport:
         self.inner = inner
         self.world = world
         self.info: QueueInfo = inner.info
+        if world.schedule.hide_redrive and inner.info.name == world.queue_name:
+            self.info = replace(inner.info, dead_letter_arn=None, max_receive_count=None)
         self.requests = inner.requests
         self.request_errors = inner.request_errors
 
@@ -285,6 +343,16 @@ class SimTransport:
         if not faults.on:
             return None
         now = clock.monotonic() - self.world.start
+        fault = self._draw_fault(action, now)
+        outage = any(start <= now < end for start, end, _ in faults.outages)
+        if fault is not None and (not fault.retryable or outage):
+            # An outage or a refusal: the worker may rightly pause its receives, or hold
+            # what it cannot delete. (A passing error here and there must not starve it.)
+            self.world.last_fault_at = clock.monotonic()
+        return fault
+
+    def _draw_fault(self, action: str, now: float) -> TransportError | None:
+        faults, clock = self.world.faults, self.world.clock
         if any(start <= now < end and action in down for start, end, down in faults.outages):
             return TransportError(
                 f"{action}: ServiceUnavailable", code="ServiceUnavailable", retryable=True
@@ -321,7 +389,7 @@ class SimTransport:
         if fault is not None:
             if action == "ReceiveMessage":  # received, never seen: a receive spent
                 for envelope in result:
-                    self.world.trouble[json.loads(envelope.body)["n"]].add("answer lost")
+                    self.world.trouble[_envelope_number(envelope)].add("answer lost")
             raise fault
         return result
 
@@ -334,6 +402,7 @@ class SimTransport:
     ) -> list[Envelope]:
         clock, faults = self.world.clock, self.world.faults
         if faults.on and clock.rng.random() < faults.hang_rate:
+            self.world.last_fault_at = clock.monotonic() + wait_seconds + READ_TIMEOUT_EXTRA
             clock.sleep(wait_seconds + READ_TIMEOUT_EXTRA)
             raise TransportError(
                 "ReceiveMessage: read timeout", code="ConnectionError", retryable=True
@@ -342,7 +411,19 @@ class SimTransport:
             "ReceiveMessage",
             lambda: self.inner.receive(max_messages, wait_seconds, visibility_timeout, attempt_id),
         )
-        return got
+        schedule = self.world.schedule
+        return [
+            replace(
+                e,
+                attributes={
+                    **e.attributes,
+                    "ApproximateReceiveCount": str(schedule.reported_count + e.receive_count),
+                },
+            )
+            if schedule.hostile.get(_envelope_number(e)) == "count"
+            else e
+            for e in got
+        ]
 
     def _batch(
         self, action: str, entries: Sequence[Any], send: Callable[[Sequence[Any]], BatchResult]
@@ -528,6 +609,14 @@ class Recorder(Observer):
     ) -> None:
         self._trouble(message, "rejected")
 
+    def step_failed(
+        self, message: Message, error: BaseException, retry_in: float, last_attempt: bool
+    ) -> None:
+        self._trouble(message, "worker error")
+
+    def rejected_copy_refused(self, message: Message, error: BaseException, reason: str) -> None:
+        self._trouble(message, "rejected, copy refused")
+
     def handler_skipped(self, message: Message, reason: str) -> None:
         self._trouble(message, "skipped")
         if self.world.schedule.calm and message.receipt_handle not in self.near_cap:
@@ -594,7 +683,22 @@ def _says_gone(failure: EntryFailure) -> bool:
 
 
 def _number(message: Message) -> int:
-    return int(json.loads(message.body)["n"])
+    return _number_of(message.body, message.raw_message_attributes)
+
+
+def _envelope_number(envelope: Envelope) -> int:
+    return _number_of(envelope.body, envelope.message_attributes)
+
+
+def _number_of(body: str, attributes: Any) -> int:
+    """A message's number: a hostile one carries it in an attribute, its body being what
+    it is; an ordinary one in its body."""
+    if NUMBER in attributes:
+        return int(attributes[NUMBER]["StringValue"])
+    return int(json.loads(body)["n"])
+
+
+NUMBER = "sim-n"
 
 
 def _n(message: Message) -> str:
@@ -644,6 +748,8 @@ class World:
         self.stale_deletes: set[str] = set()  # handles a delete named after a newer receive
         self.handle_ids: dict[str, str] = {}  # receipt handle -> message id, as received
         self.deleted_by: dict[str, str] = {}  # message id -> the handle whose delete removed it
+        self.last_fault_at = -math.inf  # when a fault was last injected (SQS or the store)
+        self.free_since: dict[int, float] = {}  # worker -> since when it has had free room
 
     # -- SQS's side, read directly ---------------------------------------------------
 
@@ -852,6 +958,40 @@ class World:
         for name, _, trace in self.clock.errors:
             self.violation(f"thread {name} died: {trace}")
         self.clock.errors.clear()
+        self._check_progress(now)
+
+    def _check_progress(self, now: float) -> None:
+        """No worker loses a thread; and on a standard queue, no ordinary message stays
+        receivable in SQS for long while a live worker has had room for more to run (fewer
+        messages running or waiting to run than its handler slots, duplicates held for a
+        busy key apart) all that time, with no fault injected meanwhile."""
+        limit = 90.0 + self.schedule.config["wait_time"]
+        oldest = math.inf
+        if not self.schedule.fifo and now - self.last_fault_at > limit:
+            for message in self.memory._queues[self.queue_name].messages.values():
+                number = _number_of(message.body, message.message_attributes)
+                if number not in self.schedule.hostile and message.visible_at <= now:
+                    oldest = min(oldest, message.visible_at)
+        for running in self.workers:
+            worker, index = running.worker, running.recorder.index
+            if running.crashed or running.stopped_at is not None or not worker.started:
+                self.free_since.pop(index, None)
+                continue
+            health = worker.health()
+            if health.handlers_alive < health.handlers:
+                self.violation(f"worker {index} lost a handler thread: {health.as_dict()}")
+            active = worker._unfinished - len(worker._deferred)  # every thread is parked
+            if active >= worker.slots:
+                self.free_since[index] = now
+                continue
+            since = self.free_since.setdefault(index, now)
+            if now - oldest > limit and now - since > limit:
+                self.violation(
+                    f"a message has been receivable for {now - oldest:.0f} s while worker "
+                    f"{index} had room for more to run ({active} of {worker.slots} slots) "
+                    f"for {now - since:.0f} s"
+                )
+                self.free_since[index] = now  # report once
 
     def _check_nothing_stranded(self, running: Running) -> None:
         """After a clean shutdown no message this worker received is still invisible; one
@@ -869,7 +1009,7 @@ class World:
             asked = self.returned_until.get(handle, allowed)
             ours = message.handle in running.recorder.handles - running.recorder.lost
             if ours and message.visible_at > asked:
-                body = json.loads(message.body)["n"]
+                body = _number_of(message.body, message.message_attributes)
                 self.violation(
                     f"message {body} is invisible after worker {running.recorder.index}'s clean "
                     "shutdown"
@@ -881,10 +1021,11 @@ class World:
         for n in numbers:
             self.sent[n] += 1
             key = {"idempotency-key": {"DataType": "String", "StringValue": f"key-{n}"}}
+            body, attributes = _hostile(n, self.schedule.hostile.get(n))
             outgoing.append(
                 OutgoingMessage(
-                    json.dumps({"n": n}),
-                    key if self.schedule.keyed else {},
+                    body,
+                    {**(key if self.schedule.keyed else {}), **attributes},
                     group_id=f"g{n % 3}" if self.schedule.fifo else None,
                     deduplication_id=f"{n}-{self.sent[n]}" if self.schedule.fifo else None,
                 )
@@ -896,7 +1037,23 @@ class World:
 
     def dead_lettered(self) -> set[int]:
         messages = self.memory._queues[self.dlq_name].messages.values()
-        return {int(json.loads(m.body)["n"]) for m in messages}
+        return {_number_of(m.body, m.message_attributes) for m in messages}
+
+
+def _hostile(n: int, kind: str | None) -> tuple[str, dict[str, dict[str, str]]]:
+    """Message ``n``'s body and attributes: ordinary, or of a hostile ``kind``."""
+    if kind is None or kind == "count":
+        return json.dumps({"n": n}), {}
+    number = {NUMBER: {"DataType": "Number", "StringValue": str(n)}}
+    if kind == "pointer":
+        size = {"ExtendedPayloadSize": {"DataType": "Number", "StringValue": "300000"}}
+        return DEEP_BODY, {**number, **size}
+    if kind == "deep":
+        return DEEP_BODY, number
+    # Valid JSON, its key readable, but long runs of escapes and characters SQS allows
+    # that parsers and terminals trip on.
+    text = "\\" * 20_000 + "\u2028\u0085\ufeff\U0001f600"
+    return json.dumps({"n": n, "s": text}), number
 
 
 def simulate(seed: int) -> tuple[Schedule, list[str]]:
@@ -954,7 +1111,7 @@ def _drain(world: World) -> None:
     visibility = schedule.config["visibility_timeout"]
     work = sum(max(p.durations) + visibility + 15 for p in schedule.plans.values())
     # Each copy of a key may wait for its original's claim (its lease plus the margin).
-    rounds = schedule.max_receive_count * (1 + len(schedule.copies))
+    rounds = schedule.max_receive_count * (1 + len(schedule.copies) + len(schedule.floods))
     limit = clock.monotonic() + rounds * (work + CLAIM_MARGIN) + 120
     while world.counts(world.queue_name).total and clock.monotonic() < limit:
         world.run_until(min(limit, clock.monotonic() + 5))

@@ -55,7 +55,9 @@ class Rig:
         else:
             memory.create_queue(queue)
         self.queue = memory.transport(queue)
-        self.dlq = memory.transport(f"{queue}-dlq") if dead_letter else None
+        suffix = ".fifo" if queue.endswith(".fifo") else ""
+        dlq = queue.removesuffix(".fifo") + "-dlq" + suffix
+        self.dlq = memory.transport(dlq) if dead_letter else None
         self.tally = Tally()
         settings: dict[str, Any] = {
             "queue": queue,
