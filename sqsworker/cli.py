@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 
 import structlog
@@ -24,7 +24,7 @@ from . import __version__, config, logs, tracing
 from .errors import ConfigError, StartupError
 from .events import Observer, Observers, Tally
 from .metrics import Metrics
-from .process import Process, configure, find_handlers
+from .process import Named, Process, configure, find_handlers
 from .telemetry import TelemetryServer
 from .worker import Worker
 
@@ -168,10 +168,16 @@ def run(
     except ConfigError as exc:
         fail(str(exc))
         return EXIT_USAGE
+    try:
+        unused_keys = _keys_without_a_store(handlers, configs, cli_options, sets, os.environ)
+    except ConfigError as exc:
+        fail(str(exc))
+        return EXIT_USAGE
     first = configs[0]  # the process-wide options are the same in every handler's
     logs.configure(first.log_level, first.log_format)
     log = structlog.get_logger("sqsworker")
-    for warning in config.unknown_variables(os.environ, [h.name for h in handlers]):
+    unknown = config.unknown_variables(os.environ, [h.name for h in handlers])
+    for warning in [*unknown, *unused_keys]:
         log.warning(warning)
     several = len(handlers) > 1
     registry = CollectorRegistry() if first.metrics_port is not None else None
@@ -253,6 +259,64 @@ def run(
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(abandoned)
+
+
+def _keys_without_a_store(
+    handlers: Sequence[Named],
+    configs: Sequence[config.WorkerConfig],
+    cli_options: Mapping[str, str | None],
+    sets: Sequence[str],
+    env: Mapping[str, str],
+) -> list[str]:
+    """Raise ``ConfigError`` for a handler given an idempotency key policy but no store:
+    without a store no key is derived, and a handler relying on one (its
+    ``message.transaction()``, its ``message.idempotency_key``) would fail every attempt.
+
+    The one case warned of instead: a key policy set for every handler of a process
+    (``--idempotency-key``, ``SQSWORKER_IDEMPOTENCY_KEY``) that reaches a handler without
+    a store while another handler has one; it was meant for that one. Returns those warnings.
+    """
+    per_handler = config.parse_sets(
+        sets, [h.name for h in handlers], {h.handler.name: h.name for h in handlers}
+    )
+    with_store = [h.name for h, c in zip(handlers, configs, strict=True) if c.idempotency_store]
+    warnings = []
+    for named, cfg in zip(handlers, configs, strict=True):
+        if cfg.idempotency_store is not None:
+            continue
+        own_env = config.handler_env_var(named.name, "idempotency_key")
+        if "idempotency_key" in per_handler.get(named.name, {}):
+            declared = f"--set {named.name}.idempotency_key"
+        elif own_env in env:
+            declared = own_env
+        elif "idempotency_key" in named.handler.options:
+            declared = "its decorator's idempotency_key="
+        elif (
+            cli_options.get("idempotency_key") is not None
+            or config.env_var("idempotency_key") in env
+        ):
+            every = (
+                "--idempotency-key"
+                if cli_options.get("idempotency_key") is not None
+                else config.env_var("idempotency_key")
+            )
+            if with_store:
+                warnings.append(
+                    f"{every} applies to every handler, and the handler {named.name} has no "
+                    "idempotency store, so it derives no keys (the handlers with a store: "
+                    f"{', '.join(with_store)})"
+                )
+                continue
+            declared = every
+        else:
+            continue
+        raise ConfigError(
+            f"the handler {named.target} is given an idempotency key policy ({declared}) but "
+            "no idempotency store, so no key would be derived or checked: pass "
+            "--idempotency-store URL (SQSWORKER_IDEMPOTENCY_STORE), e.g. "
+            "sqlite:///idempotency.db, or drop the key policy"
+        )
+    return warnings
 
 
 def local(args: argparse.Namespace) -> int:
