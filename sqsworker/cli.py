@@ -9,6 +9,7 @@ or a handler outlived --shutdown-timeout, 2 bad usage, 130 forced.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import signal
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from . import __version__, config, logs, tracing
 from .errors import ConfigError, StartupError
 from .events import Observer, Observers, Tally
+from .importer import refuse_a_path
 from .metrics import Metrics
 from .process import Named, Process, configure, find_handlers
 from .telemetry import TelemetryServer
@@ -130,6 +132,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of the subcommand ``name`` (``run``, ``queues``, ...)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    return parser
+
+
+def _unrecognized(extras: Sequence[str], command: argparse.ArgumentParser) -> str:
+    """What argparse says of arguments it does not know, with the option a misspelt flag
+    likely meant (``--concurency``: ``--concurrency``), as misspelt variables get."""
+    flags = [extra.partition("=")[0] for extra in extras if extra.startswith("--")]
+    if not flags:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    known = [flag for action in command._actions for flag in action.option_strings]
+    unknown = flags[0]
+    near = difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]}?" if near else f"see {command.prog} --help"
+    return f"{unknown} is not an option: {hint}"
+
+
 def fail(message: str) -> None:
     message = message.rstrip()
     if not message.endswith((".", "?")):
@@ -163,6 +187,8 @@ def run(
     as_lambda: bool = False,
 ) -> int:
     try:
+        for target in targets:  # before any import: importing app.py would run app
+            refuse_a_path(target)
         handlers = find_handlers(targets, as_lambda)
         configs = configure(handlers, cli_options, sets, os.environ)
     except ConfigError as exc:
@@ -397,7 +423,11 @@ def create_store(url: str, region: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = _command_parser(parser, args.command)
+        command.error(_unrecognized(extras, command))
     if args.command == "local":
         return local(args)
     if args.command == "create-store":

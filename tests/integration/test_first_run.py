@@ -119,3 +119,92 @@ def test_a_key_policy_with_a_store_starts(keyed_app: Path, local_sqs: LocalSQS) 
     )
     assert done.returncode == 0, done.stderr
     assert "idempotency key policy" not in done.stderr
+
+
+# -- did you mean ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "meant"),
+    [
+        ("app.py:process", "did you mean app:process (run from the folder that holds app.py)?"),
+        ("./app.py", "did you mean app (run from the folder that holds app.py)?"),
+        (
+            "src/app.py:process",
+            "did you mean src.app:process (or app:process with PYTHONPATH=src)?",
+        ),
+    ],
+)
+def test_a_file_path_for_a_module_gets_the_module_meant(
+    tmp_path: Path, target: str, meant: str
+) -> None:
+    (tmp_path / "src").mkdir()
+    for path in (tmp_path / "app.py", tmp_path / "src" / "app.py"):
+        # Were it imported, this would say so: a path is refused before any import.
+        path.write_text("print('imported')\n" + textwrap.dedent(KEYED_APP))
+    done = sqsworker(tmp_path, "run", target)
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"sqsworker: error: {target!r} names a file, and sqsworker imports a module, as "
+        f"python -m does: {meant}\n"
+    )
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["run", "keyedapp:refund", "--concurency", "4"],
+            "sqsworker run: error: --concurency is not an option: did you mean --concurrency?",
+        ),
+        (
+            ["run", "--visibilty-timeout=60", "keyedapp:refund"],
+            "sqsworker run: error: --visibilty-timeout is not an option: did you mean "
+            "--visibility-timeout?",
+        ),
+        (
+            ["queues", "--jsn"],
+            "sqsworker queues: error: --jsn is not an option: did you mean --json?",
+        ),
+        (
+            ["run", "keyedapp:refund", "--frobnicate"],
+            "sqsworker run: error: --frobnicate is not an option: see sqsworker run --help",
+        ),
+    ],
+)
+def test_a_misspelt_flag_is_named_with_the_flag_it_likely_meant(
+    keyed_app: Path, argv: list[str], said: str
+) -> None:
+    done = sqsworker(keyed_app, *argv)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == said
+    assert "imported" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("classes", "said"),
+    [
+        (
+            "builtins:KeyErr",
+            "--non-retryable: module 'builtins' has no exception class 'KeyErr': did you mean "
+            "builtins:KeyError?",
+        ),
+        (
+            "builtins:Nothing",
+            "--non-retryable: module 'builtins' has no exception class 'Nothing' (its exception "
+            "classes: ArithmeticError, AssertionError, AttributeError, BaseException, ",
+        ),
+        (
+            "keyedapp:Declined",
+            "--non-retryable: module 'keyedapp' has no exception class 'Declined' (it holds none)",
+        ),
+    ],
+)
+def test_a_misspelt_exception_class_is_named_with_the_classes_it_likely_meant(
+    keyed_app: Path, classes: str, said: str
+) -> None:
+    done = sqsworker(keyed_app, "run", "keyedapp:refund", "--non-retryable", classes)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"sqsworker: error: {said}")
+    assert done.stderr.count("\n") == 1
