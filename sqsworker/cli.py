@@ -122,8 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument(
         "--max-receive-count",
         type=int,
-        default=3,
-        help="receives before a message moves to the dead-letter queue",
+        default=None,
+        help="receives before a message moves to the dead-letter queue [3; 6 for a FIFO "
+        "queue, where a message handed back behind a failing one of its group uses up "
+        "receives too: docs/fifo.md]",
     )
     local.add_argument("--visibility-timeout", type=int, default=30)
     from .commands import add_commands
@@ -347,6 +349,7 @@ def _keys_without_a_store(
 
 def local(args: argparse.Namespace) -> int:
     from .local import LocalSQS
+    from .operate import dead_letter_name, default_max_receives
 
     problem = _local_problem(args)
     if problem:
@@ -365,19 +368,23 @@ def local(args: argparse.Namespace) -> int:
         )
         return EXIT_STARTUP
     try:
+        receives = {
+            name: args.max_receive_count or default_max_receives(name.endswith(".fifo"))
+            for name in args.queue
+        }
         for name in args.queue:
             server.create_queue(
                 name,
-                max_receive_count=args.max_receive_count,
+                max_receive_count=receives[name],
                 visibility_timeout=args.visibility_timeout,
             )
         print("# SQS is serving at " + server.endpoint_url + "; export these, then run workers:")
         for key, value in server.env().items():
             print(f"export {key}={value}")
         for name in args.queue:
-            dlq = name.removesuffix(".fifo") + "-dlq" + (".fifo" if name.endswith(".fifo") else "")
             print(
-                f"# queue {name} (dead-letter queue {dlq}, after {args.max_receive_count} receives)"
+                f"# queue {name} (dead-letter queue {dead_letter_name(name)}, after "
+                f"{receives[name]} receives)"
             )
         sys.stdout.flush()
         signals = Signals()
@@ -392,7 +399,7 @@ def _local_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with ``sqsworker local``'s options, in one sentence; None if nothing."""
     if not 0 <= args.port <= 65535:
         return f"--port {args.port} is not a port: use 1 to 65535, or 0 for a free one"
-    if args.max_receive_count < 1:
+    if args.max_receive_count is not None and args.max_receive_count < 1:
         return f"--max-receive-count {args.max_receive_count} must be 1 or more"
     if not 0 <= args.visibility_timeout <= config.MAX_VISIBILITY:
         return f"--visibility-timeout {args.visibility_timeout} must be 0 to 43200 seconds"
@@ -423,6 +430,15 @@ def create_store(url: str, region: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["queues", "create"]:  # `queues` takes a PREFIX: `create` comes first
+        from .commands import create_parser, run_command
+
+        creating = create_parser()
+        created, extras = creating.parse_known_args(argv[2:])
+        if extras:
+            creating.error(_unrecognized(extras, creating))
+        return run_command(created)
     parser = _parser()
     args, extras = parser.parse_known_args(argv)
     if extras:

@@ -3,17 +3,26 @@ its exit code and its one sentence, on moto's server where a queue is involved."
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
+import re
+import signal
+import struct
 import subprocess
 import sys
+import termios
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from sqsworker.local import LocalSQS
+from sqsworker.transports import QueueInfo
+from sqsworker.transports.sqs import SQSTransport
 
 from ..conftest import unique
+from .conftest import local
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,3 +217,180 @@ def test_a_misspelt_exception_class_is_named_with_the_classes_it_likely_meant(
     assert done.returncode == 2
     assert done.stderr.startswith(f"sqsworker: error: {said}")
     assert done.stderr.count("\n") == 1
+
+
+# -- creating queues ---------------------------------------------------------------------------
+
+
+def info(name: str) -> QueueInfo:
+    """``name``'s attributes, read through the environment ``local_env`` set."""
+    transport = SQSTransport.connect(name)
+    transport.close()
+    return transport.info
+
+
+def test_queues_create_makes_a_queue_and_its_dead_letter_queue(
+    tmp_path: Path, local_env: LocalSQS
+) -> None:
+    name = unique("orders")
+    done = sqsworker(
+        tmp_path,
+        *("queues", "create", name, "--dead-letter-queue", f"{name}-dlq"),
+        *("--max-receives", "5", "--visibility-timeout", "60"),
+        env=local_env.env(),
+    )
+    assert done.returncode == 0, done.stderr
+    created = info(name)
+    assert (created.fifo, created.visibility_timeout, created.max_receive_count) == (False, 60, 5)
+    assert created.dead_letter_arn == info(f"{name}-dlq").arn
+    assert done.stdout.splitlines() == [
+        f"created the queue {name} (visibility timeout 60 s): {created.url}",
+        f"its dead-letter queue: {name}-dlq (created), after 5 receives",
+    ]
+    again = sqsworker(
+        tmp_path, "queues", "create", name, "--visibility-timeout", "60", env=local_env.env()
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"the queue {name} exists already, as asked" in again.stdout
+
+
+def test_queues_create_gives_a_fifo_queue_twice_the_receives_by_default(
+    tmp_path: Path, local_env: LocalSQS
+) -> None:
+    name = unique("payments")
+    dlq = unique("payments-dlq")
+    local_env.create_queue(f"{dlq}.fifo", max_receive_count=None)  # one that exists is used
+    done = sqsworker(
+        tmp_path,
+        *("queues", "create", f"{name}.fifo", "--fifo", "--dead-letter-queue", f"{dlq}.fifo"),
+        env=local_env.env(),
+    )
+    assert done.returncode == 0, done.stderr
+    created = info(f"{name}.fifo")
+    assert (created.fifo, created.max_receive_count) == (True, 6)
+    assert f"its dead-letter queue: {dlq}.fifo (existed), after 6 receives" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["jobs", "--fifo"],
+            "the queue 'jobs' would be a FIFO queue, and a FIFO queue's name "
+            "ends in .fifo: name it jobs.fifo",
+        ),
+        (
+            ["jobs.fifo", "--dead-letter-queue", "jobs-dlq"],
+            "--dead-letter-queue 'jobs-dlq' "
+            "would be a FIFO queue, and a FIFO queue's name ends in .fifo: name it jobs-dlq.fifo",
+        ),
+        (["jobs", "--max-receives", "3"], "--max-receives needs --dead-letter-queue NAME"),
+        (
+            ["jobs", "--dead-letter-queue", "d", "--max-receives", "0"],
+            "--max-receives 0 is out of range",
+        ),
+        (["jobs", "--visibility-timeout", "50000"], "--visibility-timeout 50000 is out of range"),
+        (["no spaces"], "the queue 'no spaces' is not a queue name SQS accepts"),
+        (["jobs", "--dead-letter-queue", "jobs"], "--dead-letter-queue names jobs itself"),
+    ],
+)
+def test_queues_create_refuses_what_sqs_would_with_one_sentence(
+    tmp_path: Path, local_env: LocalSQS, argv: list[str], said: str
+) -> None:
+    done = sqsworker(tmp_path, "queues", "create", *argv, env=local_env.env())
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"sqsworker: error: {said}") and done.stderr.count("\n") == 1
+
+
+def test_queues_create_refuses_to_change_a_queue_that_exists(
+    tmp_path: Path, local_env: LocalSQS
+) -> None:
+    name = unique("orders")
+    local_env.create_queue(name, max_receive_count=None, visibility_timeout=30)
+    done = sqsworker(
+        tmp_path, "queues", "create", name, "--visibility-timeout", "90", env=local_env.env()
+    )
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"sqsworker: error: the queue {name} exists with other attributes than these "
+        "(VisibilityTimeout=90): change them with SetQueueAttributes (the AWS console or CLI), "
+        "or choose another name.\n"
+    )
+    assert info(name).visibility_timeout == 30
+
+
+def test_local_gives_fifo_queues_twice_the_receives_as_the_fifo_page_advises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with local("--queue", "orders", "--queue", "payments.fifo") as exports:
+        for key, value in exports.items():
+            monkeypatch.setenv(key, value)
+        for name, receives in (("orders", 3), ("payments.fifo", 6)):
+            transport = SQSTransport.connect(name)
+            transport.close()
+            assert transport.info.max_receive_count == receives, name
+
+
+# -- the queues table --------------------------------------------------------------------------
+
+
+def on_a_terminal(argv: list[str], env: dict[str, str], columns: int = 80) -> str:
+    """What `sqsworker ARGV` prints on a terminal ``columns`` wide (a pseudo-terminal)."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    plain = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    with subprocess.Popen(
+        [sys.executable, "-m", "sqsworker.cli", *argv],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env={**plain, **env, "NO_COLOR": "1", "TERM": "xterm"},
+        cwd=ROOT,
+    ) as proc:
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed: the process ended
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
+    os.close(leader)
+    return re.sub(r"\x1b\[[0-9;]*m", "", out.decode()).replace("\r\n", "\n")  # no styles
+
+
+def test_the_queues_table_fits_80_columns_on_a_terminal(local_env: LocalSQS) -> None:
+    prefix = unique("fits")
+    local_env.create_queue(f"{prefix}-orders", max_receive_count=3)
+    local_env.create_queue(f"{prefix}-payments-eu-west-1.fifo", max_receive_count=6)
+    shown = on_a_terminal(["queues", prefix], local_env.env())
+    table = shown.split("Counts are")[0].rstrip().splitlines()
+    assert max(len(line) for line in table) <= 80, shown
+    assert "…" not in shown
+    header = " ".join(" ".join(table[:2]).split())
+    assert header == "in in max vis. queue visible flight delayed DLQ DLQ receives timeout FIFO"
+    assert [line.split()[-1] for line in table[3:] if line.split()[-1] in ("yes", "no")] == [
+        "no",
+        "no",
+        "yes",
+        "yes",
+    ]
+
+
+def test_the_watched_queues_table_leaves_out_the_fifo_column(local_env: LocalSQS) -> None:
+    prefix = unique("watched")
+    local_env.create_queue(f"{prefix}.fifo", max_receive_count=6)
+    with subprocess.Popen(
+        [sys.executable, "-m", "sqsworker.cli", "queues", prefix, "--watch", "0.2"],
+        stdout=subprocess.PIPE,
+        env={**os.environ, **local_env.env()},
+        text=True,
+        cwd=ROOT,
+    ) as proc:
+        assert proc.stdout is not None
+        header = proc.stdout.readline() + proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    assert "vis." in header and "FIFO" not in header
