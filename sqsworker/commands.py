@@ -492,8 +492,10 @@ def _peek(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     if refusal and not args.force:
         raise ConfigError(refusal)
     messages = operate.peek(queue, args.n)
+    reasons = operate.dead_letter_reasons(queues, queue, messages)
     if args.json:
-        print(json.dumps([_as_dict(m) for m in messages], indent=2))
+        shown = [{**_as_dict(m), **_reason(reasons, m)} for m in messages]
+        print(json.dumps(shown, indent=2))
         return 0
     if not messages:
         console.print(f"no message of {queue.info.name} was visible to receive")
@@ -504,20 +506,27 @@ def _peek(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     )
     for envelope in messages:
         console.print()
-        rows = _shown(envelope)
+        rows = _shown(envelope, reasons.get(envelope.message_id))
         width = max(len(name) for name, _ in rows)
         for name, value in rows:
             console.print(f"{name:<{width}}  {value}")
     return 0
 
 
-def _shown(envelope: Envelope) -> list[tuple[str, str]]:
+def _reason(reasons: dict[str, str], envelope: Envelope) -> dict[str, str]:
+    reason = reasons.get(envelope.message_id)
+    return {"dead_letter_reason": reason} if reason else {}
+
+
+def _shown(envelope: Envelope, reason: str | None = None) -> list[tuple[str, str]]:
     attributes = envelope.attributes
     rows = [
         ("message id", envelope.message_id),
         ("receive count", attributes.get("ApproximateReceiveCount", "?")),
         ("sent", _when(attributes.get("SentTimestamp"))),
     ]
+    if reason:
+        rows.append(("why here", reason))
     if "MessageGroupId" in attributes:
         rows.append(("group", attributes["MessageGroupId"]))
     for name, value in envelope.message_attributes.items():

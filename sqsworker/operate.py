@@ -533,6 +533,49 @@ def peek(queue: SQSTransport, count: int, *, wait: int = 1) -> list[Envelope]:
     return seen
 
 
+REJECTED_ATTRIBUTE = "sqsworker-error"  # set by a worker on the copy of a rejected message
+SOURCE_ARN = "DeadLetterQueueSourceArn"  # set by SQS on a message it moved (not by moto)
+
+
+def dead_letter_reasons(
+    queues: Queues, dlq: SQSTransport, messages: Sequence[Envelope]
+) -> dict[str, str]:
+    """Why each of ``messages``, received from ``dlq``, is there, by message id: a worker
+    rejected it (it carries the error), or SQS moved it from a source queue after that
+    queue's maxReceiveCount receives. Empty when ``dlq`` is no queue's dead-letter queue
+    and no message says where it came from."""
+    sources: dict[str, QueueInfo] = {}  # by ARN
+    for url in queues.sources_of(dlq):
+        info = queues.sqs.open(url).info
+        sources[info.arn] = info
+    reasons = {}
+    for message in messages:
+        if REJECTED_ATTRIBUTE in message.message_attributes:
+            reasons[message.message_id] = (
+                "a worker rejected it (the handler error below) and sent it here at once"
+            )
+            continue
+        arn = message.attributes.get(SOURCE_ARN)
+        if arn and arn not in sources:
+            with contextlib.suppress(StartupError):  # deleted since: its name still says
+                sources[arn] = queues.sqs.open(arn).info
+        from_ = [sources[arn]] if arn in sources else list(sources.values())
+        if not from_:
+            if arn:
+                reasons[message.message_id] = f"SQS moved it from {arn.rsplit(':', 1)[-1]}"
+            continue
+        received = message.attributes.get("ApproximateReceiveCount", "?")
+        limits = ", ".join(
+            f"{info.name}'s maxReceiveCount is {info.max_receive_count}" for info in from_
+        )
+        where = from_[0].name if len(from_) == 1 else "one of " + ", ".join(i.name for i in from_)
+        reasons[message.message_id] = (
+            f"SQS moved it from {where}: received {received} times (this peek included), "
+            f"and {limits}"
+        )
+    return reasons
+
+
 def hand_back(queue: SQSTransport, messages: Sequence[Envelope]) -> None:
     for first in range(0, len(messages), MAX_BATCH):
         part = messages[first : first + MAX_BATCH]

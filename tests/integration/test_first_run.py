@@ -4,6 +4,7 @@ its exit code and its one sentence, on moto's server where a queue is involved."
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -18,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from sqsworker.local import LocalSQS
-from sqsworker.transports import QueueInfo
+from sqsworker.transports import QueueInfo, send_all
 from sqsworker.transports.sqs import SQSTransport
 
-from ..conftest import unique
+from ..conftest import unique, wait_until
 from .conftest import local
+from .scenario import Scenario
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -394,3 +396,33 @@ def test_the_watched_queues_table_leaves_out_the_fifo_column(local_env: LocalSQS
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
     assert "vis." in header and "FIFO" not in header
+
+
+# -- peek on a dead-letter queue ---------------------------------------------------------------
+
+
+def test_peek_on_a_dead_letter_queue_says_why_each_message_is_there(scenario: Scenario) -> None:
+    """One message a worker rejected (its body is not JSON), one SQS moved after the
+    queue's maxReceiveCount (3) failed receives: peek says which is which."""
+    send_all(scenario.queue, ["<order>not json</order>"])
+    scenario.send("fail", 1)
+    worker = scenario.worker("--burst", "--backoff-base", "0.1", "--backoff-max", "0.2")
+    assert worker.wait(60) == 0, scenario.logs()
+    wait_until(lambda: scenario.dlq.counts().visible == 2, what="both in the DLQ")
+    done = sqsworker(
+        scenario.tmp_path,
+        *("peek", scenario.dlq.info.name, "--json"),
+        env=scenario.server.env(),
+    )
+    assert done.returncode == 0, done.stderr
+    reasons = {m["body"][:7]: m.get("dead_letter_reason") for m in json.loads(done.stdout)}
+    assert reasons == {
+        "<order>": "a worker rejected it (the handler error below) and sent it here at once",
+        '{"kind"': f"SQS moved it from {scenario.name}: received 4 times (this peek "
+        f"included), and {scenario.name}'s maxReceiveCount is 3",
+    }
+    shown = sqsworker(
+        scenario.tmp_path, "peek", scenario.dlq.info.name, env=scenario.server.env()
+    ).stdout
+    assert shown.count("why here ") == 2
+    assert f"why here       SQS moved it from {scenario.name}: received 5 times" in shown
