@@ -565,13 +565,14 @@ def dead_letter_reasons(
                 reasons[message.message_id] = f"SQS moved it from {arn.rsplit(':', 1)[-1]}"
             continue
         received = message.attributes.get("ApproximateReceiveCount", "?")
-        limits = ", ".join(
-            f"{info.name}'s maxReceiveCount is {info.max_receive_count}" for info in from_
-        )
-        where = from_[0].name if len(from_) == 1 else "one of " + ", ".join(i.name for i in from_)
+        if len(from_) == 1:
+            where = f"{from_[0].name}, whose maxReceiveCount is {from_[0].max_receive_count}"
+        else:
+            names = ", ".join(info.name for info in from_)
+            limits = ", ".join(str(info.max_receive_count) for info in from_)
+            where = f"one of {names} (maxReceiveCount {limits})"
         reasons[message.message_id] = (
-            f"SQS moved it from {where}: received {received} times (this peek included), "
-            f"and {limits}"
+            f"SQS moved it from {where}: received {received} times, this peek included"
         )
     return reasons
 

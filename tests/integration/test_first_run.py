@@ -418,11 +418,14 @@ def test_peek_on_a_dead_letter_queue_says_why_each_message_is_there(scenario: Sc
     reasons = {m["body"][:7]: m.get("dead_letter_reason") for m in json.loads(done.stdout)}
     assert reasons == {
         "<order>": "a worker rejected it (the handler error below) and sent it here at once",
-        '{"kind"': f"SQS moved it from {scenario.name}: received 4 times (this peek "
-        f"included), and {scenario.name}'s maxReceiveCount is 3",
+        '{"kind"': f"SQS moved it from {scenario.name}, whose maxReceiveCount is 3: "
+        "received 4 times, this peek included",
     }
     shown = sqsworker(
         scenario.tmp_path, "peek", scenario.dlq.info.name, env=scenario.server.env()
     ).stdout
     assert shown.count("why here ") == 2
-    assert f"why here       SQS moved it from {scenario.name}: received 5 times" in shown
+    assert (
+        f"why here       SQS moved it from {scenario.name}, whose maxReceiveCount is 3: " in shown
+    )
+    assert "received 5 times, this peek included" in shown

@@ -382,6 +382,6 @@ def test_peek_names_the_source_queue_sqs_gives_of_a_dead_lettered_message(
     assert main(["peek", DLQ_URL, "-n", "1", "--json"]) == 0
     [shown] = json.loads(capsys.readouterr().out)
     assert shown["dead_letter_reason"] == (
-        "SQS moved it from orders-eu: received 6 times (this peek included), and "
-        "orders-eu's maxReceiveCount is 5"
+        "SQS moved it from orders-eu, whose maxReceiveCount is 5: received 6 times, this "
+        "peek included"
     )
