@@ -429,3 +429,30 @@ def test_peek_on_a_dead_letter_queue_says_why_each_message_is_there(scenario: Sc
         f"why here       SQS moved it from {scenario.name}, whose maxReceiveCount is 3: " in shown
     )
     assert "received 5 times, this peek included" in shown
+
+
+# -- the Spark example after `make demo` -------------------------------------------------------
+
+
+def test_the_spark_example_without_spark_says_to_run_make_test_first(tmp_path: Path) -> None:
+    """`make demo` installs no Spark: the example says what to do, not ModuleNotFoundError.
+    (pyspark is made unimportable the way Python documents: None in sys.modules.)"""
+    example = ROOT / "examples" / "spark_orders.py"
+    without_spark = (
+        "import runpy, sys; sys.modules['pyspark'] = None; sys.argv = [sys.argv[1]]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", without_spark, str(example)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr == (
+        "examples/spark_orders.py needs Spark, and pyspark is not installed here (`make demo` "
+        "installs only the worker and the embedded SQS): run `make test` first, which installs "
+        "Spark and the test tools into .venv (Spark also needs Java 17 or later), then "
+        ".venv/bin/python examples/spark_orders.py again\n"
+    )
