@@ -53,7 +53,7 @@ def add_commands(commands: Any) -> None:
 
     queues = command(
         "queues",
-        "list queues: depth, in flight, dead-letter queue",
+        "list queues: depth, in flight, dead-letter queue (queues create NAME makes one)",
         "List the queues whose name starts with PREFIX: messages visible, in flight and "
         "delayed, the dead-letter queue and its depth, maxReceiveCount, visibility timeout. "
         "SQS's counts are approximate.",
