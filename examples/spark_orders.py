@@ -18,8 +18,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as f
+try:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as f
+except ModuleNotFoundError as missing:  # `make demo` installs no Spark
+    if __name__ != "__main__" or (missing.name or "").split(".")[0] != "pyspark":
+        raise
+    sys.exit(
+        "examples/spark_orders.py needs Spark, and pyspark is not installed here "
+        "(`make demo` installs only the worker and the embedded SQS): run `make test` "
+        "first, which installs Spark and the test tools into .venv (Spark also needs Java "
+        "17 or later), then .venv/bin/python examples/spark_orders.py again"
+    )
 
 from spark_sink import SQSDataSource, read_output, write_once
 from sqsworker.local import REGION, LocalSQS

@@ -9,12 +9,13 @@ or a handler outlived --shutdown-timeout, 2 bad usage, 130 forced.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 
 import structlog
@@ -23,8 +24,9 @@ from prometheus_client import CollectorRegistry
 from . import __version__, config, logs, tracing
 from .errors import ConfigError, StartupError
 from .events import Observer, Observers, Tally
+from .importer import refuse_a_path
 from .metrics import Metrics
-from .process import Process, configure, find_handlers
+from .process import Named, Process, configure, find_handlers
 from .telemetry import TelemetryServer
 from .worker import Worker
 
@@ -120,14 +122,38 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument(
         "--max-receive-count",
         type=int,
-        default=3,
-        help="receives before a message moves to the dead-letter queue",
+        default=None,
+        help="receives before a message moves to the dead-letter queue [3; 6 for a FIFO "
+        "queue, where a message handed back behind a failing one of its group uses up "
+        "receives too: docs/fifo.md]",
     )
     local.add_argument("--visibility-timeout", type=int, default=30)
     from .commands import add_commands
 
     add_commands(commands)
     return parser
+
+
+def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of the subcommand ``name`` (``run``, ``queues``, ...)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    return parser
+
+
+def _unrecognized(extras: Sequence[str], command: argparse.ArgumentParser) -> str:
+    """What argparse says of arguments it does not know, with the option a misspelt flag
+    likely meant (``--concurency``: ``--concurrency``), as misspelt variables get."""
+    flags = [extra.partition("=")[0] for extra in extras if extra.startswith("--")]
+    if not flags:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    known = [flag for action in command._actions for flag in action.option_strings]
+    unknown = flags[0]
+    near = difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]}?" if near else f"see {command.prog} --help"
+    return f"{unknown} is not an option: {hint}"
 
 
 def fail(message: str) -> None:
@@ -163,15 +189,23 @@ def run(
     as_lambda: bool = False,
 ) -> int:
     try:
+        for target in targets:  # before any import: importing app.py would run app
+            refuse_a_path(target)
         handlers = find_handlers(targets, as_lambda)
         configs = configure(handlers, cli_options, sets, os.environ)
+    except ConfigError as exc:
+        fail(str(exc))
+        return EXIT_USAGE
+    try:
+        unused_keys = _keys_without_a_store(handlers, configs, cli_options, sets, os.environ)
     except ConfigError as exc:
         fail(str(exc))
         return EXIT_USAGE
     first = configs[0]  # the process-wide options are the same in every handler's
     logs.configure(first.log_level, first.log_format)
     log = structlog.get_logger("sqsworker")
-    for warning in config.unknown_variables(os.environ, [h.name for h in handlers]):
+    unknown = config.unknown_variables(os.environ, [h.name for h in handlers])
+    for warning in [*unknown, *unused_keys]:
         log.warning(warning)
     several = len(handlers) > 1
     registry = CollectorRegistry() if first.metrics_port is not None else None
@@ -255,8 +289,67 @@ def run(
             os._exit(abandoned)
 
 
+def _keys_without_a_store(
+    handlers: Sequence[Named],
+    configs: Sequence[config.WorkerConfig],
+    cli_options: Mapping[str, str | None],
+    sets: Sequence[str],
+    env: Mapping[str, str],
+) -> list[str]:
+    """Raise ``ConfigError`` for a handler given an idempotency key policy but no store:
+    without a store no key is derived, and a handler relying on one (its
+    ``message.transaction()``, its ``message.idempotency_key``) would fail every attempt.
+
+    The one case warned of instead: a key policy set for every handler of a process
+    (``--idempotency-key``, ``SQSWORKER_IDEMPOTENCY_KEY``) that reaches a handler without
+    a store while another handler has one; it was meant for that one. Returns those warnings.
+    """
+    per_handler = config.parse_sets(
+        sets, [h.name for h in handlers], {h.handler.name: h.name for h in handlers}
+    )
+    with_store = [h.name for h, c in zip(handlers, configs, strict=True) if c.idempotency_store]
+    warnings = []
+    for named, cfg in zip(handlers, configs, strict=True):
+        if cfg.idempotency_store is not None:
+            continue
+        own_env = config.handler_env_var(named.name, "idempotency_key")
+        if "idempotency_key" in per_handler.get(named.name, {}):
+            declared = f"--set {named.name}.idempotency_key"
+        elif own_env in env:
+            declared = own_env
+        elif "idempotency_key" in named.handler.options:
+            declared = "its decorator's idempotency_key="
+        elif (
+            cli_options.get("idempotency_key") is not None
+            or config.env_var("idempotency_key") in env
+        ):
+            every = (
+                "--idempotency-key"
+                if cli_options.get("idempotency_key") is not None
+                else config.env_var("idempotency_key")
+            )
+            if with_store:
+                warnings.append(
+                    f"{every} applies to every handler, and the handler {named.name} has no "
+                    "idempotency store, so it derives no keys (the handlers with a store: "
+                    f"{', '.join(with_store)})"
+                )
+                continue
+            declared = every
+        else:
+            continue
+        raise ConfigError(
+            f"the handler {named.target} is given an idempotency key policy ({declared}) but "
+            "no idempotency store, so no key would be derived or checked: pass "
+            "--idempotency-store URL (SQSWORKER_IDEMPOTENCY_STORE), e.g. "
+            "sqlite:///idempotency.db, or drop the key policy"
+        )
+    return warnings
+
+
 def local(args: argparse.Namespace) -> int:
     from .local import LocalSQS
+    from .operate import dead_letter_name, default_max_receives
 
     problem = _local_problem(args)
     if problem:
@@ -275,19 +368,23 @@ def local(args: argparse.Namespace) -> int:
         )
         return EXIT_STARTUP
     try:
+        receives = {
+            name: args.max_receive_count or default_max_receives(name.endswith(".fifo"))
+            for name in args.queue
+        }
         for name in args.queue:
             server.create_queue(
                 name,
-                max_receive_count=args.max_receive_count,
+                max_receive_count=receives[name],
                 visibility_timeout=args.visibility_timeout,
             )
         print("# SQS is serving at " + server.endpoint_url + "; export these, then run workers:")
         for key, value in server.env().items():
             print(f"export {key}={value}")
         for name in args.queue:
-            dlq = name.removesuffix(".fifo") + "-dlq" + (".fifo" if name.endswith(".fifo") else "")
             print(
-                f"# queue {name} (dead-letter queue {dlq}, after {args.max_receive_count} receives)"
+                f"# queue {name} (dead-letter queue {dead_letter_name(name)}, after "
+                f"{receives[name]} receives)"
             )
         sys.stdout.flush()
         signals = Signals()
@@ -302,7 +399,7 @@ def _local_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with ``sqsworker local``'s options, in one sentence; None if nothing."""
     if not 0 <= args.port <= 65535:
         return f"--port {args.port} is not a port: use 1 to 65535, or 0 for a free one"
-    if args.max_receive_count < 1:
+    if args.max_receive_count is not None and args.max_receive_count < 1:
         return f"--max-receive-count {args.max_receive_count} must be 1 or more"
     if not 0 <= args.visibility_timeout <= config.MAX_VISIBILITY:
         return f"--visibility-timeout {args.visibility_timeout} must be 0 to 43200 seconds"
@@ -333,7 +430,20 @@ def create_store(url: str, region: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["queues", "create"]:  # `queues` takes a PREFIX: `create` comes first
+        from .commands import create_parser, run_command
+
+        creating = create_parser()
+        created, extras = creating.parse_known_args(argv[2:])
+        if extras:
+            creating.error(_unrecognized(extras, creating))
+        return run_command(created)
+    parser = _parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = _command_parser(parser, args.command)
+        command.error(_unrecognized(extras, command))
     if args.command == "local":
         return local(args)
     if args.command == "create-store":

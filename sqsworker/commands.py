@@ -53,10 +53,14 @@ def add_commands(commands: Any) -> None:
 
     queues = command(
         "queues",
-        "list queues: depth, in flight, dead-letter queue",
+        "list queues: depth, in flight, dead-letter queue (queues create NAME makes one)",
         "List the queues whose name starts with PREFIX: messages visible, in flight and "
         "delayed, the dead-letter queue and its depth, maxReceiveCount, visibility timeout. "
         "SQS's counts are approximate.",
+    )
+    queues.epilog = (
+        "sqsworker queues create NAME [--fifo] [--dead-letter-queue NAME [--max-receives N]] "
+        "[--visibility-timeout S] creates a queue (sqsworker queues create --help)."
     )
     queues.add_argument("prefix", nargs="?", default="", metavar="PREFIX")
     queues.add_argument("--json", action="store_true", help="one JSON object per queue")
@@ -151,9 +155,55 @@ def add_commands(commands: Any) -> None:
     purge.add_argument("--yes", action="store_true", help="do not ask")
 
 
+def create_parser() -> argparse.ArgumentParser:
+    """``sqsworker queues create``'s own parser: ``queues`` takes a PREFIX, so ``create``
+    is read before it (``cli.main``)."""
+    parser = argparse.ArgumentParser(
+        prog="sqsworker queues create",
+        description="Create the queue NAME (a FIFO queue with --fifo, its name ending in "
+        ".fifo) and, with --dead-letter-queue, that queue too unless it exists, with a "
+        "redrive policy: after --max-receives receives SQS moves a message there. A queue "
+        "that exists with the same attributes is left as it is.",
+    )
+    parser.add_argument("name", metavar="NAME", help="e.g. orders, or payments.fifo")
+    parser.add_argument("--fifo", action="store_true", help="a FIFO queue (NAME ends in .fifo)")
+    parser.add_argument(
+        "--dead-letter-queue",
+        default=None,
+        metavar="NAME",
+        help="the dead-letter queue, created unless it exists (e.g. orders-dlq)",
+    )
+    parser.add_argument(
+        "--max-receives",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"receives before a message moves to the dead-letter queue (1-1000) "
+        f"[{operate.default_max_receives(False)}; {operate.default_max_receives(True)} on a "
+        "FIFO queue: a message handed back behind a failing one of its group uses up "
+        "receives, docs/fifo.md]",
+    )
+    parser.add_argument(
+        "--visibility-timeout",
+        type=int,
+        default=None,
+        metavar="S",
+        help="the queue's default visibility timeout in seconds (0-43200) [SQS's: 30]",
+    )
+    parser.add_argument("--region", default=None, help="AWS region (default: boto3's)")
+    parser.add_argument(
+        "--endpoint-url",
+        default=None,
+        help="SQS endpoint (default: boto3's, e.g. from AWS_ENDPOINT_URL_SQS)",
+    )
+    parser.set_defaults(command="queues create")
+    return parser
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run one queue command; every error is one sentence and an exit code."""
     commands: dict[str, Callable[[Queues, argparse.Namespace, Console], int]] = {
+        "queues create": _create,
         "queues": _queues,
         "send": _send,
         "peek": _peek,
@@ -194,7 +244,7 @@ def _queues(queues: Queues, args: argparse.Namespace, console: Console) -> int:
             print(json.dumps(row.as_dict()))
         return 0
     if args.watch is None:
-        console.print(_status_table(queues.status(args.prefix), console))
+        _print_table(_status_table(queues.status(args.prefix), console), console)
         console.print(_STATUS_NOTE)
         return 0
     if args.watch <= 0:
@@ -203,7 +253,7 @@ def _queues(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     signals.install()
 
     def table() -> Table:
-        drawn = _status_table(queues.status(args.prefix), console)
+        drawn = _status_table(queues.status(args.prefix), console, fifo_column=False)
         drawn.caption = f"{datetime.now():%H:%M:%S}; every {args.watch:g} s; Ctrl-C stops"
         return drawn
 
@@ -226,16 +276,22 @@ _STATUS_NOTE = (
 )
 
 
-def _status_table(rows: list[QueueStatus], console: Console) -> Table:
+# Headers of two lines and gaps of two spaces: the table fits 80 columns (a queue's name
+# folds on a narrow terminal rather than end in "…": two queues must not look alike).
+_NAMES = ("queue", "DLQ")
+_COLUMNS = ("queue", "visible", "in\nflight", "delayed", "DLQ", "in\nDLQ", "max\nreceives")
+_COLUMNS_AFTER = ("vis.\ntimeout",)
+
+
+def _status_table(rows: list[QueueStatus], console: Console, fifo_column: bool = True) -> Table:
+    """The queues as a table; without ``fifo_column`` (``--watch``), no FIFO column: a FIFO
+    queue's name ends in .fifo anyway."""
     table = _table(console)
-    # Names fold rather than end in "…" on a narrow terminal: two queues must not look alike.
-    for name in ("queue", "visible", "in flight", "delayed", "dead-letter queue", "in DLQ"):
-        if "queue" in name:
+    for name in (*_COLUMNS, *_COLUMNS_AFTER, *(("FIFO",) if fifo_column else ())):
+        if name in _NAMES:
             table.add_column(name, overflow="fold", min_width=10)
         else:
-            table.add_column(name, justify="right")
-    for name in ("max receives", "visibility", "FIFO"):
-        table.add_column(name, justify="right")
+            table.add_column(name, justify="right", no_wrap=True)
     for row in rows:
         table.add_row(
             row.name,
@@ -246,18 +302,58 @@ def _status_table(rows: list[QueueStatus], console: Console) -> Table:
             "-" if row.dead_letter_visible is None else str(row.dead_letter_visible),
             "-" if row.max_receive_count is None else str(row.max_receive_count),
             f"{row.visibility_timeout} s",
-            "yes" if row.fifo else "no",
+            *(("yes" if row.fifo else "no",) if fifo_column else ()),
         )
     if not rows:
         table.caption = "no queues"
     return table
 
 
+def _print_table(table: Table, console: Console) -> None:
+    """``table``, its lines without trailing spaces where they are read as text (a pipe,
+    a file): the two-line headers pad their first line."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    with console.capture() as captured:
+        console.print(table)
+    for line in captured.get().splitlines():
+        console.print(line.rstrip())
+
+
 def _table(console: Console) -> Table:
     """Boxed on a terminal; plain columns for scripts and pipes."""
     if console.is_terminal:
-        return Table(box=box.SIMPLE_HEAD)
+        return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     return Table(box=None, show_edge=False, pad_edge=False)
+
+
+# -- queues create ------------------------------------------------------------------------
+
+
+def _create(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    made = queues.create(
+        args.name,
+        fifo=args.fifo,
+        dead_letter_queue=args.dead_letter_queue,
+        max_receives=args.max_receives,
+        visibility_timeout=args.visibility_timeout,
+    )
+    info = made.queue
+    kind = "FIFO queue" if info.fifo else "queue"
+    done = "created the" if made.created else "the"
+    left = "" if made.created else " exists already, as asked"
+    console.print(
+        f"{done} {kind} {info.name}{left} (visibility timeout {info.visibility_timeout} s): "
+        f"{info.url}"
+    )
+    if made.dead_letter_queue is not None:
+        dlq = made.dead_letter_queue
+        console.print(
+            f"its dead-letter queue: {dlq.queue.name} ({'created' if dlq.created else 'existed'})"
+            f", after {info.max_receive_count} receives"
+        )
+    return 0
 
 
 # -- send ---------------------------------------------------------------------------------
@@ -396,8 +492,10 @@ def _peek(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     if refusal and not args.force:
         raise ConfigError(refusal)
     messages = operate.peek(queue, args.n)
+    reasons = operate.dead_letter_reasons(queues, queue, messages)
     if args.json:
-        print(json.dumps([_as_dict(m) for m in messages], indent=2))
+        shown = [{**_as_dict(m), **_reason(reasons, m)} for m in messages]
+        print(json.dumps(shown, indent=2))
         return 0
     if not messages:
         console.print(f"no message of {queue.info.name} was visible to receive")
@@ -408,20 +506,27 @@ def _peek(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     )
     for envelope in messages:
         console.print()
-        rows = _shown(envelope)
+        rows = _shown(envelope, reasons.get(envelope.message_id))
         width = max(len(name) for name, _ in rows)
         for name, value in rows:
             console.print(f"{name:<{width}}  {value}")
     return 0
 
 
-def _shown(envelope: Envelope) -> list[tuple[str, str]]:
+def _reason(reasons: dict[str, str], envelope: Envelope) -> dict[str, str]:
+    reason = reasons.get(envelope.message_id)
+    return {"dead_letter_reason": reason} if reason else {}
+
+
+def _shown(envelope: Envelope, reason: str | None = None) -> list[tuple[str, str]]:
     attributes = envelope.attributes
     rows = [
         ("message id", envelope.message_id),
         ("receive count", attributes.get("ApproximateReceiveCount", "?")),
         ("sent", _when(attributes.get("SentTimestamp"))),
     ]
+    if reason:
+        rows.append(("why here", reason))
     if "MessageGroupId" in attributes:
         rows.append(("group", attributes["MessageGroupId"]))
     for name, value in envelope.message_attributes.items():

@@ -540,6 +540,8 @@ def resolve(
             values[f.name] = parse(raw)
         except ValueError as exc:
             raise ConfigError(f"{origin} {exc}; got {raw!r}", field=f.name) from None
+        except ConfigError as exc:  # MODULE:ATTR naming nothing usable: the importer's words
+            raise ConfigError(f"{origin}: {exc}", field=f.name) from None
         origins[f.name] = origin
     try:
         return WorkerConfig(**values)

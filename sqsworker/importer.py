@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
 import traceback
+from pathlib import PurePath
 from typing import Any
 
 from .errors import ImportStringError
 
 
-def import_from_string(spec: str) -> Any:
+def import_from_string(spec: str, *, kind: str = "attribute") -> Any:
+    """The object ``spec`` (``MODULE:ATTR``) names. ``kind`` is what it should be
+    ("attribute", or "exception class": a missing one is then looked for among the
+    module's exception classes, not its functions)."""
+    refuse_a_path(spec)
     module_name, sep, attr_path = spec.partition(":")
     if not sep or not module_name or not attr_path:
         raise ImportStringError(
@@ -40,25 +46,73 @@ def import_from_string(spec: str) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            own = [
-                name
-                for name, value in vars(module).items()
-                if callable(value)
-                and not name.startswith("_")
-                and getattr(value, "__module__", None) == module.__name__
-            ]
-            hint = f" (its functions: {', '.join(sorted(own)[:10])})" if own else ""
+            hint = _nearest(module, attr_path, kind) if obj is module else ""
             raise ImportStringError(
-                f"module {module_name!r} has no attribute {attr_path!r}{hint}"
+                f"module {module_name!r} has no {kind} {attr_path!r}{hint}"
             ) from None
     return obj
 
 
 def import_exception(spec: str) -> type[BaseException]:
-    obj = import_from_string(spec)
+    obj = import_from_string(spec, kind="exception class")
     if not (isinstance(obj, type) and issubclass(obj, BaseException)):
         raise ImportStringError(f"{spec!r} is not an exception class")
     return obj
+
+
+def _nearest(module: Any, missing: str, kind: str) -> str:
+    """The end of the sentence saying ``missing`` is not in ``module``: the name nearest
+    it (among the module's exception classes for an exception class, else among the
+    functions and classes defined in the module), or a few of those names."""
+    if kind == "exception class":
+        names = [
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type) and issubclass(value, BaseException)
+        ]
+        listed = "its exception classes"
+    else:
+        names = [
+            name
+            for name, value in vars(module).items()
+            if callable(value) and getattr(value, "__module__", None) == module.__name__
+        ]
+        listed = "its functions"
+    names = sorted(n for n in names if not n.startswith("_"))
+    near = difflib.get_close_matches(missing, names, n=1, cutoff=0.6)
+    if near:
+        return f": did you mean {module.__name__}:{near[0]}?"
+    if not names:
+        return " (it holds none)" if kind == "exception class" else ""
+    return f" ({listed}: {', '.join(names[:10])}{', ...' if len(names) > 10 else ''})"
+
+
+def refuse_a_path(target: str) -> None:
+    """Raise ``ImportStringError`` if ``target`` (``MODULE:ATTR`` or ``MODULE``) names a
+    file (``app.py:process``, ``src/app.py``) where a module belongs, with the module
+    string meant; a path is never imported (importing ``app.py`` would run ``app``)."""
+    module_name, sep, attr = target.partition(":")
+    if not (module_name.endswith(".py") or "/" in module_name or os.sep in module_name):
+        return
+    path = PurePath(module_name)
+    stem = path.with_suffix("") if path.suffix == ".py" else path
+    rest = f"{sep}{attr}"
+    if (
+        not path.is_absolute()
+        and ".." not in path.parts
+        and all(part.isidentifier() for part in stem.parts)
+    ):
+        dotted = ".".join(stem.parts)
+        if len(stem.parts) == 1:
+            meant = f"{dotted}{rest} (run from the folder that holds {path.name})"
+        else:
+            meant = f"{dotted}{rest} (or {stem.name}{rest} with PYTHONPATH={stem.parent})"
+    else:
+        meant = f"{stem.name}{rest}, with PYTHONPATH={stem.parent}"
+    raise ImportStringError(
+        f"{target!r} names a file, and sqsworker imports a module, as python -m does: "
+        f"did you mean {meant}?"
+    )
 
 
 def _raised_inside(module_name: str, exc: BaseException) -> str:

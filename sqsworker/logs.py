@@ -13,9 +13,12 @@ the user's code) through structlog's ``ProcessorFormatter``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
@@ -50,11 +53,12 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         shared.append(structlog.processors.format_exc_info)
         renderer = structlog.processors.JSONRenderer()
     else:
-        # No local variables in tracebacks: they hold message bodies (--log-bodies).
+        # Short lines for a person reading: the handler's frames only in a traceback (a
+        # failure shows one only on its last attempt), no key that only repeats the id.
         renderer = structlog.dev.ConsoleRenderer(
-            colors=sys.stderr.isatty(),
-            exception_formatter=structlog.dev.RichTracebackFormatter(show_locals=False),
+            colors=sys.stderr.isatty(), exception_formatter=handler_traceback
         )
+        shared.append(_key_unless_the_id)
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(
@@ -75,6 +79,35 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     root = logging.getLogger()
     root.handlers = [stream]
     root.setLevel(logging.WARNING)
+
+
+_PACKAGE = str(Path(__file__).resolve().parent) + os.sep
+
+
+def handler_traceback(sio: TextIO, exc_info: Any) -> None:
+    """A console traceback in Python's plain format, of the frames outside sqsworker:
+    where the handler failed, not the worker's frames that called it (their own faults
+    keep every frame: none would be left). No local variables: they hold bodies."""
+    shown = traceback.TracebackException(*exc_info)
+    seen: set[int] = set()
+    part: traceback.TracebackException | None = shown
+    while part is not None and id(part) not in seen:  # the exception, then its causes
+        seen.add(id(part))
+        own = [frame for frame in part.stack if not frame.filename.startswith(_PACKAGE)]
+        if own:
+            part.stack = traceback.StackSummary.from_list(own)
+        part = part.__cause__ or (None if part.__suppress_context__ else part.__context__)
+    sio.write("\n" + "".join(shown.format()).rstrip("\n"))
+
+
+def _key_unless_the_id(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Drop ``idempotency_key`` where it is the message id (``auto``'s last resort), which
+    every message line shows already."""
+    if event.get("idempotency_key") is not None and event.get("idempotency_key") == event.get(
+        "message_id"
+    ):
+        del event["idempotency_key"]
+    return event
 
 
 def summary(counts: Mapping[str, int], **fields: Any) -> None:

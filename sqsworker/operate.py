@@ -26,6 +26,11 @@ from .transports import GROUP_ID, Envelope, OutgoingMessage, QueueInfo
 from .transports.sqs import SQSTransport
 
 MAX_BATCH = 10
+MAX_VISIBILITY = 43_200
+MAX_RECEIVES_LIMIT = 1000  # a redrive policy's maxReceiveCount: 1 to 1000
+DEFAULT_MAX_RECEIVES = 3
+FIFO_SUFFIX = ".fifo"
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 MAX_REQUEST_BYTES = 1_048_576  # SendMessageBatch: the whole request's payload
 MAX_DELAY = 900
 MAX_MOVE_RATE = 500  # StartMessageMoveTask's MaxNumberOfMessagesPerSecond
@@ -56,6 +61,50 @@ class QueueStatus:
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class Created:
+    """What ``Queues.create`` did: the queue, whether it was made now (else it existed
+    with the attributes asked for), and the same of its dead-letter queue."""
+
+    queue: QueueInfo
+    created: bool
+    dead_letter_queue: Created | None = None
+
+
+def default_max_receives(fifo: bool) -> int:
+    """A new queue's maxReceiveCount unless one is given. On a FIFO queue a message handed
+    back behind a failing one of its group uses up receives without running
+    (docs/fifo.md): twice the attempts wanted, so it does not reach the dead-letter
+    queue unrun alongside the failing one."""
+    return DEFAULT_MAX_RECEIVES * 2 if fifo else DEFAULT_MAX_RECEIVES
+
+
+def dead_letter_name(name: str) -> str:
+    """``orders`` -> ``orders-dlq``, ``payments.fifo`` -> ``payments-dlq.fifo``."""
+    fifo = name.endswith(FIFO_SUFFIX)
+    return name.removesuffix(FIFO_SUFFIX) + "-dlq" + (FIFO_SUFFIX if fifo else "")
+
+
+def check_queue_name(name: str, fifo: bool, what: str) -> None:
+    """``ConfigError`` unless ``name`` is a queue name SQS accepts, of the kind ``fifo``."""
+    base = name.removesuffix(FIFO_SUFFIX)
+    if not QUEUE_NAME.fullmatch(base) or len(name) > 80:
+        raise ConfigError(
+            f"{what} {name!r} is not a queue name SQS accepts: up to 80 letters, digits, '-' "
+            "and '_', '.fifo' included for a FIFO queue"
+        )
+    if fifo and not name.endswith(FIFO_SUFFIX):
+        raise ConfigError(
+            f"{what} {name!r} would be a FIFO queue, and a FIFO queue's name ends in .fifo: "
+            f"name it {name}.fifo"
+        )
+    if not fifo and name.endswith(FIFO_SUFFIX):
+        raise ConfigError(
+            f"{what} {name!r} ends in .fifo, which only a FIFO queue's name may: a standard "
+            f"queue's dead-letter queue is a standard queue (e.g. {base})"
+        )
 
 
 @dataclass
@@ -162,6 +211,83 @@ class Queues:
             except StartupError:
                 return None
         return self._urls[arn]
+
+    # -- create -----------------------------------------------------------------------
+
+    def create(
+        self,
+        name: str,
+        *,
+        fifo: bool = False,
+        dead_letter_queue: str | None = None,
+        max_receives: int | None = None,
+        visibility_timeout: int | None = None,
+    ) -> Created:
+        """Create the queue ``name`` (FIFO if ``fifo`` or its name ends in ``.fifo``) and,
+        with ``dead_letter_queue``, that queue too unless it exists, with a redrive policy
+        of ``max_receives`` (default: ``default_max_receives``). A queue that exists with
+        these attributes is left as it is; with others, ``ConfigError``."""
+        fifo = fifo or name.endswith(FIFO_SUFFIX)
+        check_queue_name(name, fifo, "the queue")
+        if visibility_timeout is not None and not 0 <= visibility_timeout <= MAX_VISIBILITY:
+            raise ConfigError(
+                f"--visibility-timeout {visibility_timeout} is out of range: SQS takes 0 to "
+                "43200 seconds"
+            )
+        if max_receives is not None and dead_letter_queue is None:
+            raise ConfigError(
+                "--max-receives needs --dead-letter-queue NAME: the queue a message moves to "
+                "after that many receives"
+            )
+        if max_receives is not None and not 1 <= max_receives <= MAX_RECEIVES_LIMIT:
+            raise ConfigError(
+                f"--max-receives {max_receives} is out of range: SQS takes 1 to "
+                f"{MAX_RECEIVES_LIMIT}"
+            )
+        attributes = {"FifoQueue": "true"} if fifo else {}
+        if visibility_timeout is not None:
+            attributes["VisibilityTimeout"] = str(visibility_timeout)
+        dlq: Created | None = None
+        if dead_letter_queue is not None:
+            if dead_letter_queue == name:
+                raise ConfigError(
+                    f"--dead-letter-queue names {name} itself: name another queue (e.g. "
+                    f"{dead_letter_name(name)})"
+                )
+            check_queue_name(dead_letter_queue, fifo, "--dead-letter-queue")
+            dlq = self._created(dead_letter_queue, {"FifoQueue": "true"} if fifo else {})
+            if dlq.queue.fifo != fifo:
+                kind = "a FIFO queue" if dlq.queue.fifo else "a standard queue"
+                raise ConfigError(
+                    f"the dead-letter queue {dead_letter_queue} is {kind}, and a "
+                    f"{'FIFO' if fifo else 'standard'} queue's must be of its kind"
+                )
+            max_receives = max_receives or default_max_receives(fifo)
+            attributes["RedrivePolicy"] = json.dumps(
+                {"deadLetterTargetArn": dlq.queue.arn, "maxReceiveCount": max_receives}
+            )
+        made = self._created(name, attributes)
+        return Created(made.queue, made.created, dlq)
+
+    def _created(self, name: str, attributes: dict[str, str]) -> Created:
+        """``name`` created with ``attributes``, or as it is if it exists with them."""
+        try:
+            self.sqs.open(name)
+            existed = True
+        except QueueNotFound:
+            existed = False
+        try:
+            url = self.sqs.request("CreateQueue", QueueName=name, Attributes=attributes)
+        except TransportError as exc:
+            if exc.code in ("QueueAlreadyExists", "QueueNameExists"):
+                raise ConfigError(
+                    f"the queue {name} exists with other attributes than these ("
+                    + ", ".join(f"{k}={v}" for k, v in attributes.items() if k != "FifoQueue")
+                    + "): change them with SetQueueAttributes (the AWS console or CLI), or "
+                    "choose another name"
+                ) from None
+            raise
+        return Created(self.sqs.open(str(url["QueueUrl"])).info, not existed)
 
     # -- purge ------------------------------------------------------------------------
 
@@ -405,6 +531,50 @@ def peek(queue: SQSTransport, count: int, *, wait: int = 1) -> list[Envelope]:
     finally:
         hand_back(queue, seen)
     return seen
+
+
+REJECTED_ATTRIBUTE = "sqsworker-error"  # set by a worker on the copy of a rejected message
+SOURCE_ARN = "DeadLetterQueueSourceArn"  # set by SQS on a message it moved (not by moto)
+
+
+def dead_letter_reasons(
+    queues: Queues, dlq: SQSTransport, messages: Sequence[Envelope]
+) -> dict[str, str]:
+    """Why each of ``messages``, received from ``dlq``, is there, by message id: a worker
+    rejected it (it carries the error), or SQS moved it from a source queue after that
+    queue's maxReceiveCount receives. Empty when ``dlq`` is no queue's dead-letter queue
+    and no message says where it came from."""
+    sources: dict[str, QueueInfo] = {}  # by ARN
+    for url in queues.sources_of(dlq):
+        info = queues.sqs.open(url).info
+        sources[info.arn] = info
+    reasons = {}
+    for message in messages:
+        if REJECTED_ATTRIBUTE in message.message_attributes:
+            reasons[message.message_id] = (
+                "a worker rejected it (the handler error below) and sent it here at once"
+            )
+            continue
+        arn = message.attributes.get(SOURCE_ARN)
+        if arn and arn not in sources:
+            with contextlib.suppress(StartupError):  # deleted since: its name still says
+                sources[arn] = queues.sqs.open(arn).info
+        from_ = [sources[arn]] if arn in sources else list(sources.values())
+        if not from_:
+            if arn:
+                reasons[message.message_id] = f"SQS moved it from {arn.rsplit(':', 1)[-1]}"
+            continue
+        received = message.attributes.get("ApproximateReceiveCount", "?")
+        if len(from_) == 1:
+            where = f"{from_[0].name}, whose maxReceiveCount is {from_[0].max_receive_count}"
+        else:
+            names = ", ".join(info.name for info in from_)
+            limits = ", ".join(str(info.max_receive_count) for info in from_)
+            where = f"one of {names} (maxReceiveCount {limits})"
+        reasons[message.message_id] = (
+            f"SQS moved it from {where}: received {received} times, this peek included"
+        )
+    return reasons
 
 
 def hand_back(queue: SQSTransport, messages: Sequence[Envelope]) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import urllib.error
@@ -14,6 +15,8 @@ from sqsworker.local import LocalSQS
 from sqsworker.transports.memory import MemorySQS
 
 from .postgres import PostgresServer
+
+DEFAULT_METRICS_PORT = 9000  # --metrics-port's default
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
@@ -38,6 +41,20 @@ def http_get(url: str) -> tuple[int, str]:
 
 def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def default_metrics_port_taken() -> Iterator[None]:
+    """Port 9000, the default --metrics-port, held while the test runs (if something else
+    already holds it, so much the better): a test must not depend on it being free."""
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            holder.bind(("0.0.0.0", DEFAULT_METRICS_PORT))
+            holder.listen()
+        except OSError:
+            pass  # taken already
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -35,9 +35,15 @@ def command(queue: str, *args: str, handler: str = "work") -> list[str]:
 
 
 def run_to_exit(queue: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """Run a worker that is expected to stop by itself (a start-up failure)."""
+    """Run a worker that is expected to stop by itself (a start-up failure). Its metrics
+    server takes a free port (``args`` may say otherwise): the default, 9000, may be taken."""
     return subprocess.run(
-        command(queue, *args), env=env, capture_output=True, text=True, cwd=ROOT, timeout=60
+        command(queue, "--metrics-port", "0", *args),
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
 
 

@@ -35,3 +35,11 @@ def test_the_demo_accounts_for_every_order() -> None:
     assert f"sqsworker_messages_succeeded_total {done}.0" in result.stdout
     assert "after the last message settled" in result.stdout
     assert result.stdout.rstrip().endswith("sqsworker run examples.orders:process")
+    # The worker's console lines: a failure in one line, but for the poison orders' last
+    # attempts, each with the handler's frame alone; a key shown only when it is not the id.
+    logs = result.stderr
+    last = logs.count("failed on its last attempt")
+    assert last >= 1 and logs.count("Traceback (most recent call last):") == last, logs
+    assert logs.count('examples/orders.py", line') == last and "worker.py" not in logs
+    keys = re.findall(r"idempotency_key=(\S+) message_id=(\S+)", logs)
+    assert keys and all(key.startswith("order-") and key != id_ for key, id_ in keys)

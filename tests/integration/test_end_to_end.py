@@ -133,6 +133,7 @@ def test_after_kill_9_another_worker_finishes_the_messages(scenario: Scenario) -
     )
 
 
+@pytest.mark.usefixtures("default_metrics_port_taken")
 def test_a_missing_queue_fails_fast_with_one_sentence(local_sqs: LocalSQS, tmp_path: Path) -> None:
     env = {**os.environ, **local_sqs.env(), "PYTHONPATH": str(ROOT)}
     proc = run_to_exit("no-such-queue", env)
@@ -143,6 +144,7 @@ def test_a_missing_queue_fails_fast_with_one_sentence(local_sqs: LocalSQS, tmp_p
     assert proc.stderr.count("\n") == 1
 
 
+@pytest.mark.usefixtures("default_metrics_port_taken")
 def test_missing_credentials_fail_fast_with_one_sentence(
     local_sqs: LocalSQS, tmp_path: Path
 ) -> None:

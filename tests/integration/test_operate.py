@@ -200,8 +200,9 @@ def test_queues_lists_depth_in_flight_and_the_dead_letter_queue(
     assert rows[f"{name}-dlq"]["dead_letter_queue"] is None
 
     code, out, _ = cli(capsys, "queues", name)
-    header, first, second, note = out.splitlines()[:4]
-    assert header.split()[:4] == ["queue", "visible", "in", "flight"]
+    above, header, first, second, note = out.splitlines()[:5]  # headers of two lines
+    assert above.split() == ["in", "in", "max", "vis."]
+    assert header.split()[:4] == ["queue", "visible", "flight", "delayed"]
     assert first.split() == [name, "2", "1", "0", f"{name}-dlq", "1", "4", "45", "s", "no"]
     assert second.split()[0] == f"{name}-dlq"
     assert "approximations" in note and "ApproximateAgeOfOldestMessage" in note

@@ -49,7 +49,9 @@ def test_the_readme_walkthrough_runs_as_written() -> None:
     out = done.stdout
     assert "sent 3 messages to orders" in out
     assert re.search(r"^orders +3 +0 +0 +orders-dlq +0 +3 ", out, re.M), out
-    assert '{"id": 3, "kind": "poison"}' in out.split("of orders-dlq, each visible again")[1]
+    peeked = out.split("of orders-dlq, each visible again")[1]
+    assert '{"id": 3, "kind": "poison"}' in peeked
+    assert "why here       SQS moved it from orders, whose maxReceiveCount is 3" in peeked
     assert "moved 1 message from orders-dlq to orders" in out
 
 

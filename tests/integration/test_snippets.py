@@ -78,7 +78,10 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
             ("docs/configuration.md", "sqsworker: error:"),
         ],
         "test_the_queues_table_is_the_one_the_page_shows": [
-            ("docs/operating.md", "dead-letter queue  in DLQ"),
+            ("docs/operating.md", "queue       visible  flight"),
+        ],
+        "test_the_queue_create_examples_run_as_written": [
+            ("docs/operating.md", "sqsworker queues create orders"),
         ],
         "test_the_helm_install_values_render": [("docs/deployment.md", "helm install")],
         "test_the_spark_install_line_names_the_spark_extra": [("docs/spark.md", "pip install")],
@@ -487,7 +490,7 @@ def test_a_bad_value_is_refused_with_the_sentence_the_page_shows() -> None:
 
 def test_the_queues_table_is_the_one_the_page_shows() -> None:
     """docs/operating.md shows `sqsworker queues` on a fresh `orders` holding 3 messages."""
-    shown = snippet("docs/operating.md", "dead-letter queue  in DLQ").text
+    shown = snippet("docs/operating.md", "queue       visible  flight").text
     with local("--queue", "orders") as exports:
         env = shell_env(exports)
         for number in range(3):
@@ -497,6 +500,50 @@ def test_the_queues_table_is_the_one_the_page_shows() -> None:
         )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(shown), done.stdout  # then a note on SQS's counts
+
+
+def test_the_queue_create_examples_run_as_written() -> None:
+    """docs/operating.md's `sqsworker queues create` lines, as written, on a fresh
+    endpoint: each queue has the attributes the page says."""
+    block = snippet("docs/operating.md", "sqsworker queues create orders").text
+    with local("--queue", "unrelated") as exports:
+        env = shell_env(exports)
+        done = subprocess.run(
+            ["bash", "-e", "-c", block], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        sqs = client("sqs", env)
+
+        def attributes(name: str) -> dict[str, Any]:
+            url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+            raw = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+            policy = json.loads(raw.get("RedrivePolicy", "{}"))
+            return {
+                "fifo": raw.get("FifoQueue") == "true",
+                "visibility": int(raw["VisibilityTimeout"]),
+                "dlq": policy.get("deadLetterTargetArn", ":").rsplit(":", 1)[-1],
+                "receives": policy.get("maxReceiveCount"),
+            }
+
+        assert attributes("orders") == {
+            "fifo": False,
+            "visibility": 30,
+            "dlq": "orders-dlq",
+            "receives": 5,
+        }
+        assert attributes("payments.fifo") == {
+            "fifo": True,
+            "visibility": 30,
+            "dlq": "payments-dlq.fifo",
+            "receives": 6,
+        }
+        assert attributes("payments-dlq.fifo")["fifo"]
+        assert attributes("reports") == {
+            "fifo": False,
+            "visibility": 300,
+            "dlq": "",
+            "receives": None,
+        }
 
 
 def test_the_helm_install_values_render() -> None:

@@ -352,3 +352,36 @@ def test_a_move_task_sqs_refuses_points_to_the_move_here(
     err = capsys.readouterr().err
     assert "StartMessageMoveTask failed: InvalidParameterValue: not for this queue" in err
     assert "--client-side moves the messages here instead" in err
+
+
+def test_peek_names_the_source_queue_sqs_gives_of_a_dead_lettered_message(
+    sqs: Stubber, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SQS (not moto) gives a message it moved its DeadLetterQueueSourceArn: of the two
+    queues this DLQ serves, peek names that one, and its maxReceiveCount."""
+    eu_url, eu_arn = f"{URL}-eu", f"{ARN}-eu"
+    expect_open(sqs, DLQ_URL, DLQ_ARN)
+    moved = {
+        "MessageId": "m-1",
+        "ReceiptHandle": "r-1",
+        "Body": "{}",
+        "Attributes": {"ApproximateReceiveCount": "6", "DeadLetterQueueSourceArn": eu_arn},
+    }
+    sqs.add_response("receive_message", {"Messages": [moved]}, None)
+    sqs.add_response(
+        "change_message_visibility_batch", {"Successful": [{"Id": "0"}], "Failed": []}, None
+    )
+    sqs.add_response(
+        "list_dead_letter_source_queues",
+        {"queueUrls": [URL, eu_url]},
+        {"QueueUrl": DLQ_URL, "MaxResults": 1000},
+    )
+    for url, arn, receives in ((URL, ARN, 3), (eu_url, eu_arn, 5)):
+        policy = json.dumps({"deadLetterTargetArn": DLQ_ARN, "maxReceiveCount": receives})
+        expect_open(sqs, url, arn, RedrivePolicy=policy)
+    assert main(["peek", DLQ_URL, "-n", "1", "--json"]) == 0
+    [shown] = json.loads(capsys.readouterr().out)
+    assert shown["dead_letter_reason"] == (
+        "SQS moved it from orders-eu, whose maxReceiveCount is 5: received 6 times, this "
+        "peek included"
+    )

@@ -229,6 +229,58 @@ def test_console_tracebacks_show_no_local_variables(
     assert "4111-SECRET" not in stream.getvalue()
 
 
+def test_a_console_shows_a_failure_in_one_line_and_only_the_handlers_frames_at_the_last(
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo` read two 40-line tracebacks, most of them the worker's own frames, and
+    an idempotency_key= on every line that only repeated the message id."""
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    configure("info", "console")
+    try:
+
+        def handler(message: Message) -> None:
+            raise ValueError(f"order {message.body} has no line items")
+
+        rig = Rig(
+            memory,
+            clock,
+            handler,
+            max_receive_count=2,
+            observers=[LogObserver("h")],
+            store=MemoryStore(),
+        )
+        key = {"DataType": "String", "StringValue": "order-7-attempt-1"}
+        send_all(rig.queue, [OutgoingMessage("7", {"idempotency-key": key}), "8"])
+        rig.worker.start()
+        rig.advance_until(lambda: rig.count("failed") == 4)
+        rig.stop()
+    finally:
+        structlog.reset_defaults()
+        logging.getLogger().handlers = []
+    shown = stream.getvalue()
+    lines = shown.splitlines()
+    retried = [n for n, line in enumerate(lines) if "message will be retried" in line]
+    last = [n for n, line in enumerate(lines) if "failed on its last attempt" in line]
+    assert len(retried) == 2 and len(last) == 2
+    for n in retried:  # one line: the next is a line of its own, not a traceback
+        assert not lines[n + 1].startswith((" ", "Traceback")), shown
+    for n in last:  # Python's traceback, of the handler's frame alone
+        assert lines[n + 1 : n + 5] == [
+            "Traceback (most recent call last):",
+            f'  File "{__file__}", line {handler.__code__.co_firstlineno + 1}, in handler',
+            '    raise ValueError(f"order {message.body} has no line items")',
+            lines[n + 4],
+        ]
+        assert lines[n + 4] in (
+            "ValueError: order 7 has no line items",
+            "ValueError: order 8 has no line items",
+        )
+    assert "worker.py" not in shown and "╭" not in shown
+    assert shown.count("idempotency_key=order-7-attempt-1") == 2  # a key of its own: shown
+    assert "idempotency_key=" not in "\n".join(line for line in lines if "order-7" not in line)
+
+
 def test_a_rejection_whose_copy_fails_on_its_last_receive_is_reported_dead_lettered(
     memory: MemorySQS, clock: FakeClock, metrics: Metrics, json_logs: io.StringIO
 ) -> None:
