@@ -64,4 +64,5 @@ def test_hostile_messages_leave_the_queue_and_every_ordinary_one_runs_once(
     reasons = {m.message_attributes["sqsworker-error"]["StringValue"].split(":")[0] for m in dead}
     assert reasons == {"PayloadMissing", "IdempotencyKeyError"}
     summaries = [line for line in scenario.logs().splitlines() if "summary" in line]
-    assert len(summaries) == 2 and all('"worker_errors": 0' in line for line in summaries), summaries
+    assert len(summaries) == 2, summaries
+    assert all('"worker_errors": 0' in line for line in summaries), summaries
