@@ -20,7 +20,6 @@ import contextlib
 import enum
 import inspect
 import math
-import re
 import threading
 import uuid
 from functools import partial
@@ -32,6 +31,7 @@ from . import batches, coroutines, tracing
 from .clock import Clock, SystemClock
 from .config import WorkerConfig
 from .coroutines import EventLoopRunner
+from .deadletter import REFUSED_CONTENT, RecentIds, dead_letter_copy
 from .errors import (
     ConfigError,
     KeyConflict,
@@ -50,7 +50,7 @@ from .lanes import HANDED_BACK_BEHIND, Lanes, Line
 from .lease import MAX_SENDERS, Held, LeaseKeeper
 from .payloads import Payloads, RemoveAfterDelete, is_offloaded
 from .policies import Backoff
-from .transports import MAX_BATCH, OutgoingMessage, QueueInfo, Transport, send_all
+from .transports import MAX_BATCH, Transport, send_all
 
 if TYPE_CHECKING:
     from .message import Message
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 IDLE_PAUSE = 1.0  # between empty receives when --wait-time is 0
 BURST_WAIT = 1  # long-poll seconds in burst mode: an empty queue ends the run promptly
 MAX_POLLS = 32  # receives under way at once, at most
-MAX_ATTRIBUTES = 10  # SQS's limit of message attributes per message
 DEFAULT_BATCH_SIZE = 10  # a batch handler's, when nothing sets --batch-size
 MAX_BATCH_SLOTS = 10_000  # concurrency x batch size, at most
 
@@ -1241,7 +1240,7 @@ class Worker:
             return
         try:
             dlq = self._dead_letters(target)
-            copy, changed = _dead_letter_copy(message, exc, dlq.info)
+            copy, changed = dead_letter_copy(message, exc, dlq.info)
             if copy is None:
                 raise TransportError(
                     f"the message takes more than the dead-letter queue's limit of "
@@ -1252,7 +1251,7 @@ class Worker:
                 self.observer.dead_letter_notes_cut(message, changed)
             send_all(dlq, [copy])
         except (TransportError, StartupError) as error:
-            if isinstance(error, TransportError) and error.code in _REFUSED_CONTENT:
+            if isinstance(error, TransportError) and error.code in REFUSED_CONTENT:
                 # No copy of it can go, and running it again would not change that: SQS's
                 # own redrive moves it after maxReceiveCount receives. Until then this
                 # worker returns it unrun whenever it comes.
@@ -1277,24 +1276,6 @@ class Worker:
         if self._dead_letter_queue is None:
             self._dead_letter_queue = self.transport.open(arn)
         return self._dead_letter_queue
-
-
-class RecentIds:
-    """A set of the latest ``size`` ids added, safe between threads."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._ids: dict[str, None] = {}
-        self._lock = threading.Lock()
-
-    def add(self, item: str) -> None:
-        with self._lock:
-            self._ids[item] = None
-            if len(self._ids) > self.size:
-                del self._ids[next(iter(self._ids))]
-
-    def __contains__(self, item: object) -> bool:
-        return item in self._ids
 
 
 class Pace:
@@ -1332,67 +1313,6 @@ class Pace:
 def _smooth(old: float, new: float, weight: float) -> float:
     """An exponentially weighted mean; the first measure stands alone."""
     return new if old == 0 else old + weight * (new - old)
-
-
-def _dead_letter_copy(
-    message: Message, exc: BaseException, info: QueueInfo
-) -> tuple[OutgoingMessage | None, list[str]]:
-    """The copy ``Reject`` sends, and the names of the notes it had to leave out or cut.
-
-    The group id kept (a FIFO queue's, or a fair queue's tenant), a deduplication id only
-    where SQS takes one, on a FIFO queue. SQS counts attributes against the size limit, so
-    the notes are cut, then left out, to fit the dead-letter queue's limit; None when even
-    the message as it came does not fit there.
-    """
-    fifo = info.fifo
-    bare = OutgoingMessage(
-        body=message.sent_body,  # an offloaded body's pointer, with its size attribute
-        message_attributes=dict(message.raw_message_attributes),
-        group_id=message.group_id,
-        deduplication_id=message.message_id if fifo else None,
-    )
-    room = info.maximum_message_size - bare.size
-    if room < 0:
-        return None, []
-    notes = {
-        "sqsworker-source-message-id": message.message_id,
-        "sqsworker-error": _attribute_text(f"{type(exc).__name__}: {exc}")[:1024],
-    }
-    attributes = dict(bare.message_attributes)
-    changed = []
-    for name, text in notes.items():
-        fits = room - len(name) - len("String")
-        if len(attributes) >= MAX_ATTRIBUTES or fits <= 0:
-            changed.append(name)
-            continue
-        if len(text.encode()) > fits:
-            text = text.encode()[:fits].decode(errors="ignore")
-            changed.append(name)
-        attributes[name] = {"DataType": "String", "StringValue": text}
-        room = fits - len(text.encode())
-    return OutgoingMessage(
-        bare.body, attributes, group_id=bare.group_id, deduplication_id=bare.deduplication_id
-    ), changed
-
-
-def _attribute_text(text: str) -> str:
-    """``text`` with the characters SQS refuses in an attribute value replaced (it takes
-    tab, newline, carriage return, and #x20 to #xD7FF, #xE000 to #xFFFD, #x10000 up)."""
-    return _REFUSED.sub("\ufffd", text)
-
-
-_REFUSED = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-# Codes of a send SQS refused for the message itself: sending it again cannot succeed.
-_REFUSED_CONTENT = frozenset(
-    {
-        "InvalidParameterValue",
-        "InvalidMessageContents",
-        "MessageTooLong",
-        "InvalidAttributeValue",
-        "InvalidAttributeName",
-        "BatchRequestTooLong",
-    }
-)
 
 
 def _refuse_coroutine(result: Any, name: str) -> None:
