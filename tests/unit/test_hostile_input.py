@@ -528,3 +528,26 @@ def test_a_fifo_receive_lost_at_the_stop_is_received_again_and_handed_back(
     counts = memory.counts("jobs.fifo")
     assert counts.in_flight == 0 and counts.visible == 3, counts
     assert rig.count("handed_back") == 3
+
+
+@pytest.mark.parametrize("sent", ["", "soon", "9" * 30, "-1" * 5, "1" * 5000])
+def test_an_absurd_sent_timestamp_reads_as_none_and_breaks_no_metric(
+    sent: str, memory: MemorySQS, clock: FakeClock
+) -> None:
+    from sqsworker.metrics import Metrics
+
+    message = Message(Envelope("m-1", "h-1", "{}", {"SentTimestamp": sent}))
+    assert message.sent_at is None
+    metrics = Metrics("jobs", "tests.handler", clock=clock)
+    metrics.handler_started(message)  # raises nothing, observes no age
+    age = metrics.registry.get_sample_value(
+        "sqsworker_message_age_seconds_count", {"queue": "jobs", "handler": "tests.handler"}
+    )
+    assert not age
+    metrics.handler_started(Message(Envelope("m-2", "h-2", "{}", {"SentTimestamp": "1000"})))
+    assert (
+        metrics.registry.get_sample_value(
+            "sqsworker_message_age_seconds_count", {"queue": "jobs", "handler": "tests.handler"}
+        )
+        == 1
+    )  # a timestamp that is one is observed
