@@ -41,14 +41,14 @@ def dead_letter_copy(
     room = info.maximum_message_size - bare.size
     if room < 0:
         return None, []
-    notes = {
-        "sqsworker-source-message-id": message.message_id,
-        "sqsworker-error": attribute_text(f"{type(exc).__name__}: {exc}")[:1024],
-    }
+    source = ("sqsworker-source-message-id", message.message_id)
+    notes = [("sqsworker-error", attribute_text(f"{type(exc).__name__}: {exc}")[:1024]), source]
     attributes = dict(bare.message_attributes)
     changed = []
-    for name, text in notes.items():
-        fits = room - len(name) - len("String")
+    for name, text in notes:
+        fits = room - _cost(name, "")
+        if name != source[0] and len(attributes) + 2 <= MAX_ATTRIBUTES:
+            fits -= _cost(*source)  # the error is cut before the short source id is left out
         if len(attributes) >= MAX_ATTRIBUTES or fits <= 0:
             changed.append(name)
             continue
@@ -56,10 +56,15 @@ def dead_letter_copy(
             text = text.encode()[:fits].decode(errors="ignore")
             changed.append(name)
         attributes[name] = {"DataType": "String", "StringValue": text}
-        room = fits - len(text.encode())
+        room -= _cost(name, text)
     return OutgoingMessage(
         bare.body, attributes, group_id=bare.group_id, deduplication_id=bare.deduplication_id
     ), changed
+
+
+def _cost(name: str, value: str) -> int:
+    """The bytes a String attribute adds to a message's size, as SQS counts them."""
+    return len(name.encode()) + len("String") + len(value.encode())
 
 
 def attribute_text(text: str) -> str:
