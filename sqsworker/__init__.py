@@ -17,9 +17,11 @@ from .events import Observer
 from .handler import Handler, batch_handler, handler, lambda_handler
 from .message import Message
 from .policies import Backoff
+from .producer import AsyncProducer, Producer, SendError, SendReport
 from .worker import Worker
 
 __all__ = [
+    "AsyncProducer",
     "Backoff",
     "BatchFailure",
     "BatchResult",
@@ -29,10 +31,13 @@ __all__ = [
     "Message",
     "MessageDecodeError",
     "Observer",
+    "Producer",
     "QueueNotFound",
     "Reject",
     "Retry",
     "SQSWorkerError",
+    "SendError",
+    "SendReport",
     "StartupError",
     "TransportError",
     "Worker",

@@ -23,12 +23,12 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import operate, tracing
+from . import operate
 from .cli import EXIT_FORCED, EXIT_STARTUP, EXIT_USAGE, Signals, fail
 from .config import BUCKET_NAME
 from .errors import ConfigError, PayloadUnavailable, StartupError, TransportError
 from .operate import Queues, QueueStatus
-from .payloads import Payloads
+from .producer import Producer, SendError
 from .transports import Envelope, QueueInfo
 
 PROGRESS_FROM = 100  # messages: fewer are sent or moved without a progress bar
@@ -358,6 +358,8 @@ def _create(queues: Queues, args: argparse.Namespace, console: Console) -> int:
 
 # -- send ---------------------------------------------------------------------------------
 
+SHOWN_FAILURES = 10  # messages not sent named one a line; the rest counted
+
 
 def _send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     queue = queues.open(args.queue)
@@ -374,33 +376,38 @@ def _send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     )
     if not messages:
         raise ConfigError("there was no message to send: the input had no bodies")
-    if threshold is not None:
-        payloads = Payloads(bucket=args.payload_bucket, region=args.region)
-        try:
-            with _progress(console, "offloading", len(messages)) as advance:
-                offloaded = []
-                for message in messages:
-                    offloaded.append(payloads.offload(message, threshold))
-                    advance(1)
-        finally:
-            payloads.close()
-        if moved := sum(m is not o for m, o in zip(messages, offloaded, strict=True)):
-            console.print(f"put {moved} of {len(messages)} bodies in s3://{args.payload_bucket}")
-        messages = offloaded
     if args.idempotency_key is not None and len(messages) > 1:
         console.print(
             f"note: the {len(messages)} messages share the idempotency key "
             f"{args.idempotency_key!r}: a worker with an idempotency store runs one of them"
         )
-    with tracing.producing(queue.info.name, len(messages)):
-        messages = [tracing.injected(m) for m in messages]
+    producer = Producer(
+        queue.info.name,
+        transport=queue,
+        payload_bucket=args.payload_bucket,
+        payload_threshold=threshold,
+        region=args.region,
+    )
+    failed: list[tuple[int, str, str]] = []
+    try:
         with _progress(console, "sending", len(messages)) as advance:
-            report = operate.send(queue, messages, advance)
-    for index, code, text in report.failed:
-        console.print(f"message {index} was not sent: {code}: {text}")
-    console.print(f"sent {_messages(report.sent)} to {queue.info.name}", end="")
-    console.print(f"; {len(report.failed)} not sent" if report.failed else "")
-    return 1 if report.failed else 0
+            report = producer.deliver(messages, advance)
+        sent, offloaded = report.sent, report.offloaded
+    except SendError as exc:
+        failed = exc.failed
+        sent = sum(i is not None for i in exc.message_ids)
+        offloaded = 0
+    finally:
+        producer.close()
+    if offloaded:
+        console.print(f"put {offloaded} of {len(messages)} bodies in s3://{args.payload_bucket}")
+    for index, code, text in failed[:SHOWN_FAILURES]:
+        console.print(f"message {index + 1} was not sent: {code}: {text}")
+    if len(failed) > SHOWN_FAILURES:
+        console.print(f"... and {len(failed) - SHOWN_FAILURES} more not sent")
+    console.print(f"sent {_messages(sent)} to {queue.info.name}", end="")
+    console.print(f"; {len(failed)} not sent" if failed else "")
+    return 1 if failed else 0
 
 
 def _payload_threshold(args: argparse.Namespace, info: QueueInfo) -> int | None:

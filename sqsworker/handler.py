@@ -12,13 +12,16 @@ import dataclasses
 import functools
 import inspect
 import re
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from . import lambdas
 from .config import WorkerConfig
-from .errors import HandlerShapeError, ImportStringError
+from .errors import ConfigError, HandlerShapeError, ImportStringError
 from .message import Message
+
+if TYPE_CHECKING:
+    from .producer import Producer, SendReport
 
 HandlerFunc = Callable[[Message], object]
 BATCH_OPTIONS = ("batch_size", "batch_window")
@@ -75,6 +78,35 @@ class Handler:
 
     def __repr__(self) -> str:
         return f"<sqsworker.Handler {self.name}>"
+
+    # -- sending to its own queue (Celery's ``.delay`` habit) ------------------------------
+
+    def send(self, body: object, **options: Any) -> str:
+        """Send ``body`` to this handler's queue (``Producer.send``); its message id."""
+        return self.producer.send(body, **options)
+
+    def send_many(self, bodies: Iterable[object], **options: Any) -> SendReport:
+        """Send ``bodies`` to this handler's queue (``Producer.send_many``)."""
+        return self.producer.send_many(bodies, **options)
+
+    @functools.cached_property
+    def producer(self) -> Producer:
+        """A ``Producer`` for the queue the decorator names, made on first use, with the
+        decorator's ``endpoint_url``, ``region`` and ``payload_bucket``."""
+        from .producer import Producer
+
+        queue = self.options.get("queue")
+        if not queue:
+            raise ConfigError(
+                f"{self.name} names no queue, so there is nowhere to send to: give its "
+                "decorator one (@sqsworker.handler(queue=...)), or use sqsworker.Producer"
+            )
+        return Producer(
+            queue,
+            endpoint_url=self.options.get("endpoint_url"),
+            region=self.options.get("region"),
+            payload_bucket=self.options.get("payload_bucket"),
+        )
 
 
 def handler(queue: str | None = None, **options: Any) -> Callable[[HandlerFunc], Handler]:

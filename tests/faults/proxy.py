@@ -12,6 +12,7 @@ request forwarded and its answer (the rollout test reads deliveries from it).
 from __future__ import annotations
 
 import http.client
+import json
 import random
 import socket
 import struct
@@ -33,6 +34,11 @@ class Faults:
     reset: float = 0.0  # share of connections reset after the upstream answered
     throttle: float = 0.0  # share answered 400 ThrottlingException, not forwarded
     unavailable: float = 0.0  # share answered 503 ServiceUnavailable, not forwarded
+    # SendMessageBatch: a share of entries kept from the upstream and answered Failed with
+    # InternalError (a passing fault: sent again, they go), and entries whose body holds
+    # ``refuse`` answered Failed with InvalidMessageContents (the sender's fault: never go).
+    fail_entries: float = 0.0
+    refuse: str | None = None
 
 
 # (the request's X-Amz-Target, its body, the answer's status, the answer's body)
@@ -76,7 +82,7 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
 
-    def set(self, **faults: float) -> None:
+    def set(self, **faults: Any) -> None:
         with self._lock:
             self.faults = Faults(**faults)
 
@@ -104,7 +110,17 @@ class FaultProxy:
         if fault == "stall":
             self._count(fault)
             time.sleep(faults.stall_seconds)
-        status, headers, answer = self._forward(request, body)
+        failed: list[dict[str, Any]] = []
+        if request.headers.get("X-Amz-Target", "").endswith(".SendMessageBatch") and (
+            faults.fail_entries or faults.refuse
+        ):
+            body, failed = self._fail_entries(body, faults)
+        if failed and not json.loads(body)["Entries"]:  # nothing left to forward
+            status, headers, answer = 200, [("Content-Type", "application/x-amz-json-1.0")], b"{}"
+        else:
+            status, headers, answer = self._forward(request, body)
+        if failed and status == 200:
+            answer = _add_failed(answer, failed)
         if self.watch is not None:
             self.watch(request.headers.get("X-Amz-Target", ""), body, status, answer)
         if fault == "reset":  # the upstream acted; its answer never arrives
@@ -122,12 +138,47 @@ class FaultProxy:
         request.end_headers()
         request.wfile.write(answer)
 
+    def _fail_entries(self, body: bytes, faults: Faults) -> tuple[bytes, list[dict[str, Any]]]:
+        """The request without the entries chosen to fail, and their Failed answers."""
+        request = json.loads(body)
+        kept, failed = [], []
+        for entry in request.get("Entries", []):
+            if faults.refuse is not None and faults.refuse in entry.get("MessageBody", ""):
+                self._count("refused entry")
+                failed.append(
+                    {
+                        "Id": entry["Id"],
+                        "SenderFault": True,
+                        "Code": "InvalidMessageContents",
+                        "Message": "the message contains characters outside the allowed set",
+                    }
+                )
+            elif self._draw()[1] < faults.fail_entries:
+                self._count("failed entry")
+                failed.append(
+                    {
+                        "Id": entry["Id"],
+                        "SenderFault": False,
+                        "Code": "InternalError",
+                        "Message": "we encountered an internal error, please try again",
+                    }
+                )
+            else:
+                kept.append(entry)
+        request["Entries"] = kept
+        return json.dumps(request).encode(), failed
+
     def _forward(
         self, request: BaseHTTPRequestHandler, body: bytes
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         connection = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
-            headers = {k: v for k, v in request.headers.items() if k.lower() != "connection"}
+            headers = {
+                k: v
+                for k, v in request.headers.items()
+                if k.lower() not in ("connection", "content-length")
+            }
+            headers["Content-Length"] = str(len(body))  # the body may have lost entries
             connection.request(request.command, request.path, body, headers)
             response = connection.getresponse()
             answer = response.read()
@@ -144,6 +195,12 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not self.stopping:  # a request cut off by the upstream or the proxy going away
             super().handle_error(request, client_address)
+
+
+def _add_failed(answer: bytes, failed: list[dict[str, Any]]) -> bytes:
+    result = json.loads(answer)
+    result["Failed"] = [*result.get("Failed", []), *failed]
+    return json.dumps(result).encode()
 
 
 def _answer(request: BaseHTTPRequestHandler, status: int, code: str, text: str) -> None:

@@ -40,6 +40,9 @@ pytestmark = pytest.mark.integration
 COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
     "tests/integration/test_snippets.py": {
         # run as written
+        "test_the_readme_producer_sends_as_written": [
+            ("README.md", "orders = sqsworker.Producer("),
+        ],
         "test_the_first_handler_runs_with_each_command": [
             ("README.md", "# app.py\nimport"),
             ("README.md", "sqsworker run app:process --burst"),
@@ -500,6 +503,24 @@ def test_the_queues_table_is_the_one_the_page_shows() -> None:
         )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(shown), done.stdout  # then a note on SQS's counts
+
+
+def test_the_readme_producer_sends_as_written(tmp_path: Path) -> None:
+    """README.md: the Producer block, run as a script, sends 100 orders in 11 requests."""
+    (tmp_path / "send.py").write_text(snippet("README.md", "orders = sqsworker.Producer(").text)
+    with local("--queue", "orders") as exports:
+        env = shell_env(exports)
+        ran = subprocess.run(
+            [str(BIN / "python"), "send.py"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.strip() == "sent 100 orders in 11 requests"
+        assert depth(env, "orders") == 100
 
 
 def test_the_queue_create_examples_run_as_written() -> None:
