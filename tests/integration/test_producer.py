@@ -93,9 +93,11 @@ def test_an_oversized_body_goes_to_s3_with_a_bucket_and_is_refused_without(
 ) -> None:
     name = queue(local_env, "videos", MaximumMessageSize="1024")
     body = {"frames": "f" * 5000}
-    with Producer(name) as plain:
-        with pytest.raises(ConfigError, match="give the Producer a payload_bucket"):
-            plain.send(body)
+    with (
+        Producer(name) as plain,
+        pytest.raises(ConfigError, match="give the Producer a payload_bucket"),
+    ):
+        plain.send(body)
     bucket = unique("bodies")
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket=bucket)
