@@ -15,6 +15,7 @@ no handle is kept once issued (see ``_Handles``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -44,6 +45,7 @@ from . import (
 )
 
 DEDUP_WINDOW = 300.0
+DELETED_KEPT = 10_000  # deleted messages remembered, for deliver_again
 ATTEMPT_WINDOW = 300.0  # how long a FIFO receive can be retried with its ReceiveRequestAttemptId
 MAX_BATCH_PAYLOAD = 1_048_576  # the sum of a send batch's messages, whatever the queue's limit
 # Characters SQS accepts in a message body.
@@ -147,6 +149,7 @@ class MemorySQS:
         self.request_errors: Counter[tuple[str, str]] = Counter()  # (action, code) -> failures
         self._queues: dict[str, _Queue] = {}
         self._faults: dict[str, list[Exception]] = {}
+        self._deleted: dict[tuple[str, str], _Message] = {}  # (queue, id): for deliver_again
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # notified when messages may be ready
 
@@ -195,6 +198,45 @@ class MemorySQS:
         """Make the next ``times`` calls of ``action`` (e.g. "ReceiveMessage") raise ``error``."""
         with self._lock:
             self._faults.setdefault(action, []).extend([error] * times)
+
+    def stored(self, queue: str) -> list[Envelope]:
+        """What ``queue`` holds now, visible or not, without receiving it (a test's look;
+        SQS has no such call): each as an envelope without a receipt handle."""
+        with self._lock:
+            return [
+                Envelope(
+                    m.message_id,
+                    "",
+                    m.body,
+                    {"ApproximateReceiveCount": str(m.receive_count)},
+                    dict(m.message_attributes),
+                )
+                for m in self._queue(queue).messages.values()
+            ]
+
+    def next_visible(self, queue: str) -> float | None:
+        """When the next message of ``queue`` hidden now (in flight or delayed) becomes
+        visible; None when none is hidden."""
+        with self._lock:
+            now = self.clock.monotonic()
+            hidden = [m.visible_at for m in self._queue(queue).messages.values()]
+            return min((at for at in hidden if at > now), default=None)
+
+    def deliver_again(self, queue: str, message_id: str) -> None:
+        """Deliver a message once more, as SQS's at-least-once may: one still held becomes
+        visible now (its handle stays valid, as a rare duplicate's would); one deleted
+        comes back under its message id. Raises ``KeyError`` for a message never seen."""
+        with self._changed:
+            q = self._queue(queue)
+            message = q.messages.get(message_id)
+            if message is None:
+                gone = self._deleted.get((queue, message_id))
+                if gone is None:
+                    raise KeyError(f"{queue} never held a message {message_id}")
+                message = dataclasses.replace(gone, handle=None, received_at=None, attempt_id=None)
+                q.messages[message_id] = message
+            message.visible_at = self.clock.monotonic()
+            self._changed.notify_all()
 
     def clear_faults(self) -> None:
         """Forget the faults injected and not yet raised."""
@@ -413,9 +455,16 @@ class MemorySQS:
                     )
                 else:
                     del queue.messages[message.message_id]
+                    self._remember_deleted(name, message)
                     result.succeeded.append(entry_id)
             self._changed.notify_all()  # a FIFO group may be unblocked
         return result
+
+    def _remember_deleted(self, name: str, message: _Message) -> None:
+        """The latest deleted messages, for ``deliver_again``. Under ``_lock``."""
+        self._deleted[(name, message.message_id)] = message
+        if len(self._deleted) > DELETED_KEPT:
+            del self._deleted[next(iter(self._deleted))]
 
     def change_visibility_batch(
         self, name: str, entries: Sequence[tuple[str, str, int]]

@@ -126,6 +126,13 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
             ("docs/handlers.md", "the event loop is blocked"),
         ],
     },
+    "tests/unit/test_testing_harness.py": {
+        "test_the_pages_tests_pass_in_a_project_of_their_own": [
+            ("docs/testing-your-handlers.md", "# app.py"),
+            ("docs/testing-your-handlers.md", "# test_app.py"),
+            ("docs/testing-your-handlers.md", "pytest test_app.py"),
+        ],
+    },
     "tests/unit/test_docs.py": {  # checked
         "test_the_iam_policy_file_is_the_one_the_deployment_page_shows": [
             ("docs/deployment.md", '"Version": "2012-10-17"'),

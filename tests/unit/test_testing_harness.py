@@ -1,0 +1,93 @@
+"""sqsworker.testing: the Harness users test their own handlers with, and its pytest
+fixture, run as a user's own test file would be."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import sqsworker
+from sqsworker.testing import Harness
+
+from ..snippets import snippet
+
+PAGE = "docs/testing-your-handlers.md"
+
+
+def test_the_pages_tests_pass_in_a_project_of_their_own(tmp_path: Path) -> None:
+    """The page's app.py and test_app.py, as files of a user's project, run by pytest in
+    a process of its own: the sqsworker_harness fixture comes from the installed plugin."""
+    (tmp_path / "app.py").write_text(snippet(PAGE, "# app.py").text)
+    (tmp_path / "test_app.py").write_text(snippet(PAGE, "# test_app.py").text)
+    (command,) = snippet(PAGE, "pytest test_app.py").text.splitlines()
+    ran = subprocess.run(
+        [sys.executable, "-m", *command.split(), "-p", "no:cacheprovider", "-p", "no:cloudcoil"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "5 passed" in ran.stdout
+
+
+def test_a_page_test_fails_when_its_handler_is_not_idempotent(tmp_path: Path) -> None:
+    """The same test catches a handler run without its promise: with no idempotency
+    store, the redelivered payment is charged twice."""
+    (tmp_path / "app.py").write_text(snippet(PAGE, "# app.py").text)
+    tests = snippet(PAGE, "# test_app.py").text.replace(", idempotency_store=True", "")
+    (tmp_path / "test_app.py").write_text(tests)
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "test_app.py",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:cloudcoil",
+            "-k",
+            "delivered_twice",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 1 and "1 failed" in ran.stdout, ran.stdout
+
+
+def test_drain_says_what_is_left_when_a_handler_never_returns() -> None:
+    stop = threading.Event()
+
+    @sqsworker.handler(queue="stuck")
+    def stuck(message: sqsworker.Message) -> None:
+        stop.wait(30)
+
+    harness = Harness(stuck)
+    harness.send("x")
+    with pytest.raises(TimeoutError, match=r"did not drain in 0\.5 s"):
+        harness.drain(timeout=0.5)
+    stop.set()
+    harness.drain()
+    harness.close()
+
+
+def test_advance_lets_a_delayed_message_come_due() -> None:
+    seen: list[str] = []
+
+    @sqsworker.handler(queue="later")
+    def later(message: sqsworker.Message) -> None:
+        seen.append(message.body)
+
+    with Harness(later) as harness:
+        harness.send("soon", delay=60)
+        harness.advance(30)
+        assert seen == []
+        harness.advance(40)
+        assert seen == ["soon"]
