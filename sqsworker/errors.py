@@ -90,6 +90,15 @@ class MessageDecodeError(Reject):
     """The message body is not what the handler expects (for example, not JSON)."""
 
 
+class MessageValidationError(MessageDecodeError):
+    """The body does not validate as the handler's model: ``errors`` has a "path: reason"
+    line for each field (never a value of the body)."""
+
+    def __init__(self, text: str, errors: list[str]) -> None:
+        super().__init__(text)
+        self.errors = errors
+
+
 class IdempotencyKeyError(Reject):
     """No idempotency key can be derived from the message (attribute missing, body not JSON).
 

@@ -19,6 +19,7 @@ from . import lambdas
 from .config import WorkerConfig
 from .errors import ConfigError, HandlerShapeError, ImportStringError
 from .message import Message
+from .typed import Typed, plan
 
 if TYPE_CHECKING:
     from .producer import Producer, SendReport
@@ -61,7 +62,12 @@ class Handler:
                 f"{', '.join(misplaced)} is an option of batch handlers: decorate "
                 f"{_name(func)} with @sqsworker.batch_handler(...) to be given lists of messages"
             )
-        problem = None if lambda_function else _shape_problem(func, batch)
+        # A parameter annotated with a model: given the body, parsed and validated.
+        typed = None if batch or lambda_function else plan(func, _name(func))
+        if isinstance(typed, str):
+            raise HandlerShapeError(typed)
+        self.typed: Typed | None = typed
+        problem = None if lambda_function else _shape_problem(func, batch, typed=bool(typed))
         if problem:
             raise HandlerShapeError(problem)
         self.func = func
@@ -74,6 +80,8 @@ class Handler:
         functools.update_wrapper(self, func)
 
     def __call__(self, message: Message) -> object:
+        if self.typed is not None:  # a body that does not validate raises, unrun
+            return self.func(**self.typed.arguments(message))  # type: ignore[call-arg]
         return self.func(message)
 
     def __repr__(self) -> str:
@@ -197,7 +205,7 @@ def as_handler(obj: object, spec: str = "", as_lambda: bool = False) -> Handler:
     )
 
 
-def _shape_problem(func: object, batch: bool = False) -> str | None:
+def _shape_problem(func: object, batch: bool = False, typed: bool = False) -> str | None:
     """Why calling ``func(message)`` (``func(messages)`` for a ``batch`` handler) cannot
     handle a message, in one sentence; None if it can.
 
@@ -231,6 +239,8 @@ def _shape_problem(func: object, batch: bool = False) -> str | None:
             "returns a generator without running its body: write it as a plain def without "
             "yield that does the work and returns"
         )
+    if typed:
+        return None  # called with its body (and its message): typed.plan read the shape
     try:
         signature = inspect.signature(func)
     except (TypeError, ValueError):

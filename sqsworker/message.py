@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
@@ -18,6 +18,8 @@ from .transports import Envelope
 
 if TYPE_CHECKING:
     from .idempotency import Claim
+
+T = TypeVar("T")
 
 
 class Lease(Protocol):
@@ -214,6 +216,15 @@ class Message:
                 "--idempotency-store sqlite:///PATH.db (see docs/idempotency.md)"
             )
         return self.idempotency.transaction()
+
+    def parse(self, model: type[T]) -> T:
+        """The body as ``model`` (a pydantic model, a dataclass or a TypedDict), validated;
+        ``MessageValidationError`` (a ``Reject``) naming each field that is not. For batch
+        handlers, whose messages are not parsed for them."""
+        from .typed import parser
+
+        value: T = parser(model)(self.body, self.message_id)
+        return value
 
     def json(self) -> Any:
         """The body parsed as JSON; a body that is not JSON raises ``MessageDecodeError``.

@@ -8,6 +8,9 @@ take; kind "fail" always raises, "fail_once" raises on the first receive.
 ``work_async`` the same as an ``async def``, sleeping with ``asyncio.sleep``;
 ``work_in_thread`` an ``async def`` sleeping in ``asyncio.to_thread(time.sleep, ...)``.
 
+``typed`` and ``typed_async``: given the body as a pydantic model (``Order``) or a
+dataclass (``OrderData``) and, the second, the message: "done KIND ID ...".
+
 ``measure``: appends the SHA-256 and the length of the body it was given to $LEDGER.
 
 ``traced``: opens a span of its own (OpenTelemetry) and logs a line inside it.
@@ -22,10 +25,13 @@ so a test can stop or kill the process between the effect and the delete.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import time
 from pathlib import Path
+
+import pydantic
 
 import sqsworker
 
@@ -70,6 +76,34 @@ async def work_in_thread(message: sqsworker.Message) -> None:
     _record("start", body, message)
     await asyncio.to_thread(time.sleep, float(body.get("sleep", 0)))
     _record("done", body, message)
+
+
+class Order(pydantic.BaseModel):
+    """A typed body: the ledger's kind and id, and a total that must be a whole number."""
+
+    kind: str
+    id: int
+    total: int
+
+
+@dataclasses.dataclass
+class OrderData:
+    kind: str
+    id: int
+    total: int
+
+
+@sqsworker.handler()
+def typed(order: Order) -> None:
+    """A handler given its body as a pydantic model."""
+    _record("done", order.model_dump(), sqsworker.Message.build("{}"))
+
+
+@sqsworker.handler()
+async def typed_async(order: OrderData, message: sqsworker.Message) -> None:
+    """An async handler given its body as a dataclass, and its message."""
+    await asyncio.sleep(0)
+    _record("done", dataclasses.asdict(order), message)
 
 
 @sqsworker.handler()

@@ -126,6 +126,11 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
             ("docs/handlers.md", "the event loop is blocked"),
         ],
     },
+    "tests/unit/test_typed.py": {
+        "test_the_handlers_page_typed_example_runs_as_written": [
+            ("docs/handlers.md", "# shop.py"),
+        ],
+    },
     "tests/unit/test_testing_harness.py": {
         "test_the_pages_tests_pass_in_a_project_of_their_own": [
             ("docs/testing-your-handlers.md", "# app.py"),
