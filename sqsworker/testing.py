@@ -25,6 +25,7 @@ from typing import Any
 
 from .clock import FakeClock
 from .config import WorkerConfig
+from .errors import ConfigError
 from .events import Observer, Observers
 from .handler import Handler, as_handler
 from .message import Message
@@ -136,6 +137,12 @@ class Harness:
             settings["visibility_timeout"] = visibility_timeout
         settings.pop("endpoint_url", None)
         settings.pop("idempotency_store", None)
+        if "idempotency_key" in settings and not idempotency_store:
+            raise ConfigError(
+                f"{self.handler.name} has an idempotency_key, and without a store its keys "
+                "would not be checked (sqsworker run refuses it too): pass "
+                "idempotency_store=True for an in-memory one"
+            )
         store = MemoryStore() if idempotency_store is True else idempotency_store or None
         self._record = _Record()
         self.worker = Worker(

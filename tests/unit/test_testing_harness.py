@@ -36,8 +36,8 @@ def test_the_pages_tests_pass_in_a_project_of_their_own(tmp_path: Path) -> None:
 
 
 def test_a_page_test_fails_when_its_handler_is_not_idempotent(tmp_path: Path) -> None:
-    """The same test catches a handler run without its promise: with no idempotency
-    store, the redelivered payment is charged twice."""
+    """The same test fails for a handler run without its promise: with no idempotency
+    store it is refused, as sqsworker run refuses it."""
     (tmp_path / "app.py").write_text(snippet(PAGE, "# app.py").text)
     tests = snippet(PAGE, "# test_app.py").text.replace(", idempotency_store=True", "")
     (tmp_path / "test_app.py").write_text(tests)
@@ -60,6 +60,7 @@ def test_a_page_test_fails_when_its_handler_is_not_idempotent(tmp_path: Path) ->
         timeout=120,
     )
     assert ran.returncode == 1 and "1 failed" in ran.stdout, ran.stdout
+    assert "without a store its keys would not be checked" in ran.stdout
 
 
 def test_drain_says_what_is_left_when_a_handler_never_returns() -> None:
