@@ -19,6 +19,7 @@ from . import lambdas
 from .config import WorkerConfig
 from .errors import ConfigError, HandlerShapeError, ImportStringError
 from .message import Message
+from .producer import encode
 from .typed import Typed, plan
 
 if TYPE_CHECKING:
@@ -80,7 +81,10 @@ class Handler:
         functools.update_wrapper(self, func)
 
     def __call__(self, message: Message) -> object:
-        if self.typed is not None:  # a body that does not validate raises, unrun
+        if self.typed is not None:
+            if not isinstance(message, Message):  # called with its body, as in a unit test
+                message = Message.build(encode(message))
+            # A body that does not validate raises, the function unrun.
             return self.func(**self.typed.arguments(message))  # type: ignore[call-arg]
         return self.func(message)
 

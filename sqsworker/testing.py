@@ -25,9 +25,10 @@ from typing import Any
 
 from .clock import FakeClock
 from .config import WorkerConfig
-from .errors import ConfigError
+from .errors import ConfigError, MessageValidationError
 from .events import Observer, Observers
 from .handler import Handler, as_handler
+from .logs import LogObserver
 from .message import Message
 from .producer import Producer
 from .stores import Store
@@ -53,7 +54,8 @@ class DeadLetter:
 class _Record(Observer):
     """What the worker did to each message, for the test to read."""
 
-    def __init__(self) -> None:
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
         self.lock = threading.Lock()
         self.runs: Counter[str] = Counter()
         self.deleted_ids: list[str] = []
@@ -81,6 +83,9 @@ class _Record(Observer):
     def handler_rejected(
         self, message: Message, error: BaseException, duration: float, dead_letter: str | None
     ) -> None:
+        if isinstance(error, MessageValidationError) and self.handler.typed is not None:
+            with self.lock:  # refused before the handler ran: not a run
+                self.runs[message.message_id] -= 1
         self._failed(message, error)
 
     def step_failed(
@@ -144,16 +149,21 @@ class Harness:
                 "idempotency_store=True for an in-memory one"
             )
         store = MemoryStore() if idempotency_store is True else idempotency_store or None
-        self._record = _Record()
+        self._record = _Record(self.handler)
         self.worker = Worker(
             self.handler,
             WorkerConfig(**settings),
             transport=self.sqs.transport(self.queue),
             clock=self.clock,
-            observer=Observers([self._record]),
+            # The worker's log lines as sqsworker run writes them (pytest shows them).
+            observer=Observers([self._record, LogObserver(self.handler.name)]),
             idempotency_store=store,
         )
         self.producer = Producer(self.queue, transport=self.sqs.transport(self.queue))
+        # While the harness is open, handler.send() (code under test sending to the
+        # handler's queue, Celery's .delay) sends to this in-memory queue.
+        self._saved_producer = self.handler.__dict__.get("producer")
+        self.handler.__dict__["producer"] = self.producer
         self._started = False
 
     # -- what a test does ------------------------------------------------------------------
@@ -227,6 +237,11 @@ class Harness:
             while stopping.is_alive():
                 stopping.join(LOOK)
                 self.clock.advance(MAX_STEP)  # the shutdown's own waits pass in fake time
+        if self.handler.__dict__.get("producer") is self.producer:
+            if self._saved_producer is None:
+                del self.handler.__dict__["producer"]
+            else:
+                self.handler.__dict__["producer"] = self._saved_producer
         self.producer.close()
 
     def __enter__(self) -> Harness:

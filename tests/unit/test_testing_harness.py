@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pydantic
 import pytest
 
 import sqsworker
@@ -92,3 +93,37 @@ def test_advance_lets_a_delayed_message_come_due() -> None:
         assert seen == []
         harness.advance(40)
         assert seen == ["soon"]
+
+
+class Signup(pydantic.BaseModel):
+    email: str
+
+
+SENT: list[str] = []
+
+
+@sqsworker.handler(queue="signups")
+def welcome(signup: Signup) -> None:
+    SENT.append(signup.email)
+
+
+def signup_view(email: str) -> str:
+    """Application code under test: queues a welcome, as Celery code calls .delay()."""
+    return welcome.send(Signup(email=email))
+
+
+def test_a_handlers_own_sends_go_to_the_harness_while_it_is_open() -> None:
+    with Harness(welcome) as harness:
+        message_id = signup_view("a@example.com")
+        harness.send({"email": 5})  # does not validate: refused before the handler runs
+        harness.drain()
+        assert harness.runs[message_id] == 1 and SENT == ["a@example.com"]
+        (letter,) = harness.dead_letters
+        assert harness.runs[letter.message_id] == 0
+    assert "producer" not in welcome.__dict__  # afterwards it sends to SQS again
+
+
+def test_a_typed_handler_can_be_called_with_its_body() -> None:
+    welcome(Signup(email="b@example.com"))
+    welcome({"email": "c@example.com"})
+    assert SENT[-2:] == ["b@example.com", "c@example.com"]
