@@ -374,6 +374,8 @@ class _Driver:
                 if slot.seq <= self._committed:
                     continue
                 self._seen.add(key)
+                if not slot.messages:  # a partition that received nothing holds no lease
+                    continue
                 # The keeper counts on its monotonic clock; the log says when, on the wall's.
                 received_at = self.clock.monotonic() - (self.clock.time() - slot.received_at)
                 held = self.keeper.add(slot.messages, received_at, self.options.visibility_timeout)

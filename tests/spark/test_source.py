@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from structlog.testing import capture_logs
 
 from spark_sink import read_output, source, write_once
 from spark_sink.options import SourceOptions
@@ -173,6 +174,30 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
     finally:
         driver.close()
         proxy.stop()
+    assert queue.counts().total == 0
+    assert files(tmp_path / "wal") == []
+
+
+def test_a_partition_that_received_nothing_is_committed_with_the_others(
+    aws: LocalSQS, tmp_path: Path
+) -> None:
+    # A partition's slot with no message beside one with messages: the driver keeps
+    # the one's leases, commits both, and says nothing went wrong.
+    queue = make_queue(aws, "orders")
+    send_all(queue, [f'{{"order": {i}}}' for i in range(10)])
+    wal = WriteAheadLog(str(tmp_path / "wal"))
+    wal.write(Slot(1, 0, time.time(), ()))
+    wal.write(Slot(1, 1, time.time(), tuple(queue.receive(10, 0, 30))))
+    options = SourceOptions.parse({"queue": queue.info.url, "walPath": str(tmp_path / "wal")})
+    with capture_logs() as logs:
+        driver = _Driver(options, queue.info)
+        try:
+            driver.expect([(1, 0), (1, 1)])
+            driver.commit_through(1)
+            driver.settle()
+        finally:
+            driver.close()
+    assert [line["event"] for line in logs if line["log_level"] == "error"] == []
     assert queue.counts().total == 0
     assert files(tmp_path / "wal") == []
 
