@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from sqsworker.config import BUCKET_NAME, MAX_VISIBILITY, MAX_WAIT_TIME
 
+from .wal import LogUnusable, parse_place
+
 
 class SQSOptionError(ValueError):
     """An option of the sqs source or sink cannot work; the message says how to fix it."""
@@ -32,9 +34,13 @@ class SourceOptions:
         wal_path = _required(
             given,
             "walPath",
-            "a folder on storage the driver and the executors share, one per query",
-            "/mnt/shared/orders-query/wal",
+            "s3://bucket/prefix, or a folder the driver and every executor share; one per query",
+            "s3://my-bucket/orders-query/wal",
         )
+        try:
+            parse_place(wal_path)
+        except LogUnusable as exc:
+            raise SQSOptionError(str(exc)) from None
         visibility = _int(given, "visibilityTimeout", 120, 1, MAX_VISIBILITY)
         wait = _int(given, "waitTimeSeconds", 1, 0, MAX_WAIT_TIME)
         if wait * 6 > visibility:

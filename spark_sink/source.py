@@ -63,7 +63,7 @@ from sqsworker.transports import MAX_BATCH, Envelope, QueueInfo
 from sqsworker.transports.sqs import SQSTransport
 
 from .options import SinkOptions, SourceOptions, SQSOptionError
-from .wal import Slot, WriteAheadLog
+from .wal import LogUnusable, Slot, WriteAheadLog, open_log
 
 SCHEMA = StructType(
     [
@@ -79,9 +79,9 @@ SCHEMA = StructType(
     ]
 )
 PAYLOAD_ERROR = "sqsworker.payload_error"  # the attribute of a row whose body is not in S3
-WATCH_EVERY = 0.5  # seconds between the driver's looks for new log files, when none is due
-WATCH_DUE = 0.02  # ... while a planned partition's file is not there yet
-DUE_FOR = 120.0  # seconds a planned file is looked for that often; then every WATCH_EVERY
+WATCH_EVERY = 0.5  # seconds between the driver's looks for a late slot, when none is due
+DUE_FOR = 120.0  # seconds a planned slot is looked for often (the log's look_every); then
+# every WATCH_EVERY until its batch commits
 LEASE_SENDERS = 8  # renewals and deletes the driver has under way at once, at most
 IDLE_WAIT = 1.0  # seconds latestOffset waits when the queue shows nothing (no busy polling)
 DELETE_TIMEOUT = 60.0  # seconds a commit waits for SQS to answer its deletes
@@ -102,7 +102,11 @@ class SQSDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = SourceOptions.parse(self.options)
         info = _queue_info(options.queue, options.endpoint_url, options.region)
-        return SQSStreamReader(options, info)
+        try:  # refused here, at the query's start, with one sentence
+            marker = open_log(options.wal_path, options.region).prepare()
+        except LogUnusable as exc:
+            raise SQSOptionError(str(exc)) from None
+        return SQSStreamReader(options, info, marker)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .sink import SQSStreamWriter
@@ -126,7 +130,13 @@ class SQSPartition(InputPartition):
     """What one task needs to receive (or replay) its share of one batch."""
 
     def __init__(
-        self, seq: int, index: int, budget: int, options: SourceOptions, info: QueueInfo
+        self,
+        seq: int,
+        index: int,
+        budget: int,
+        options: SourceOptions,
+        info: QueueInfo,
+        marker: str | None = None,
     ) -> None:
         super().__init__((seq, index))
         self.seq = seq
@@ -134,13 +144,15 @@ class SQSPartition(InputPartition):
         self.budget = budget
         self.options = options
         self.info = info
+        self.marker = marker  # a local log's: the task refuses a folder without it
 
 
 class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: SourceOptions, info: QueueInfo) -> None:
+    def __init__(self, options: SourceOptions, info: QueueInfo, marker: str | None = None) -> None:
         # Pickled to the executors: threads, locks and clients are made on first use.
         self.options = options
         self.info = info
+        self.marker = marker
         self.available_now = False
         self._driver: _Driver | None = None
 
@@ -186,7 +198,7 @@ class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for i in range(self.options.num_partitions)
         ]
         planned = [
-            SQSPartition(seq, index, share, self.options, self.info)
+            SQSPartition(seq, index, share, self.options, self.info, self.marker)
             for seq in range(start["seq"] + 1, end["seq"] + 1)
             for index, share in enumerate(shares)
             if share > 0
@@ -215,7 +227,8 @@ class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def receive_or_replay(partition: SQSPartition) -> Slot:
     """The partition's messages: from the log when it was read before, else from SQS."""
     options = partition.options
-    wal = WriteAheadLog(options.wal_path)
+    wal = open_log(options.wal_path, options.region)
+    wal.confirm(partition.marker)  # a folder the driver does not see is refused
     logged = wal.read(partition.seq, partition.index)
     if logged is not None:
         return logged
@@ -319,16 +332,18 @@ class _Driver:
             self.transport, self.clock, _SourceLog("spark_sink"), senders=LEASE_SENDERS
         )
         self.keeper.start()
-        self.wal = WriteAheadLog(options.wal_path)
+        self.wal: WriteAheadLog = open_log(options.wal_path, options.region)
+        self.look_every = self.wal.look_every(options.visibility_timeout)
         self.planned = 0
-        # guards _held, _seen, _due and _committed across a whole adopt or commit, so a
-        # slot is never adopted into a batch that a commit already took
+        # guards _held, _seen, _due, _known and _committed across a whole adopt or commit,
+        # so a slot is never adopted into a batch that a commit already took
         self._lock = threading.RLock()
         self._held: dict[int, list[Held]] = {}  # seq -> its messages, leases kept
         self._seen: set[tuple[int, int]] = set()  # (seq, partition) slots handed to the keeper
-        # slots planned whose file is not seen yet -> until when to look for it often (a
-        # task that never writes its file, a query that failed, is given up on then)
+        # slots planned whose slot is not seen yet -> until when to look for it often (a
+        # task that never writes its slot, a query that failed, is looked for rarely then)
         self._due: dict[tuple[int, int], float] = {}
+        self._known: set[tuple[int, int]] = set()  # every slot that may be in the log
         self._committed = 0
         self._closing = False
         self._nudge = threading.Event()  # a slot was planned, or close() was called
@@ -336,6 +351,10 @@ class _Driver:
         # at a time, in order; settle() and close() wait for them.
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="spark-sink-commit")
         self._last_commit: Future[None] | None = None
+        # What an earlier driver of this query left: the one listing of the log.
+        with self._lock:
+            for slot in self.wal.slots():
+                self._adopt(slot)
         self._watcher = threading.Thread(target=self._watch, name="spark-sink-wal", daemon=True)
         self._watcher.start()
 
@@ -343,14 +362,22 @@ class _Driver:
         return self.transport.counts().visible
 
     def expect(self, slots: Iterable[tuple[int, int]]) -> None:
-        """Partitions planned: look for their files often until each is there."""
+        """Partitions planned: look for their slots often until each is there."""
         until = time.monotonic() + max(DUE_FOR, 2 * self.options.visibility_timeout)
         with self._lock:
-            self._due.update((key, until) for key in slots if key not in self._seen)
+            for key in slots:
+                self._known.add(key)
+                if key not in self._seen:
+                    self._due[key] = until
         self._nudge.set()
 
+    def looking_often(self) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            return any(until > now for until in self._due.values())
+
     def _watch(self) -> None:
-        # Each file is adopted within WATCH_DUE of being written, while its partition
+        # Each slot is adopted within look_every of being written, while its partition
         # runs: the executor dated its leases from its first receive, and they are due
         # for renewal half a visibility timeout from then.
         while not self._closing:
@@ -358,28 +385,31 @@ class _Driver:
                 self.adopt()
             except Exception:  # an unreadable log, a storage error: look again, and say so
                 log.exception("reading the write-ahead log failed; looking again")
-            with self._lock:
-                now = time.monotonic()
-                self._due = {key: until for key, until in self._due.items() if until > now}
-                due = bool(self._due)
-            self._nudge.wait(WATCH_DUE if due else WATCH_EVERY)
+            self._nudge.wait(self.look_every if self.looking_often() else WATCH_EVERY)
             self._nudge.clear()
 
     def adopt(self) -> None:
-        """Keep alive the leases of every logged slot not yet known."""
+        """Keep alive the leases of every planned slot written since the last look (read
+        by name: the log is not listed)."""
         with self._lock:
-            for slot in self.wal.slots(skip=self._seen):
-                key = (slot.seq, slot.partition)
-                self._due.pop(key, None)
-                if slot.seq <= self._committed:
-                    continue
-                self._seen.add(key)
-                if not slot.messages:  # a partition that received nothing holds no lease
-                    continue
-                # The keeper counts on its monotonic clock; the log says when, on the wall's.
-                received_at = self.clock.monotonic() - (self.clock.time() - slot.received_at)
-                held = self.keeper.add(slot.messages, received_at, self.options.visibility_timeout)
-                self._held.setdefault(slot.seq, []).extend(held)
+            wanted = [key for key in self._due if key[0] > self._committed]
+            if wanted:
+                for slot in self.wal.find(wanted):
+                    self._adopt(slot)
+
+    def _adopt(self, slot: Slot) -> None:
+        key = slot.key
+        self._due.pop(key, None)
+        self._known.add(key)
+        if slot.seq <= self._committed or key in self._seen:
+            return
+        self._seen.add(key)
+        if not slot.messages:  # a partition that received nothing holds no lease
+            return
+        # The keeper counts on its monotonic clock; the log says when, on the wall's.
+        received_at = self.clock.monotonic() - (self.clock.time() - slot.received_at)
+        held = self.keeper.add(slot.messages, received_at, self.options.visibility_timeout)
+        self._held.setdefault(slot.seq, []).extend(held)
 
     def commit_through(self, seq: int) -> None:
         """Delete every message of every batch up to ``seq``, then forget their log.
@@ -394,9 +424,11 @@ class _Driver:
             self.adopt()  # a slot written since the last look is committed too
             batches = [self._held.pop(s) for s in list(self._held) if s <= seq]
             self._due = {key: until for key, until in self._due.items() if key[0] > seq}
+            slots = {key for key in self._known if key[0] <= seq}
+            self._known -= slots
             self._committed = seq
             held = [h for batch in batches for h in batch]
-            self._last_commit = self._committer.submit(self._settle, seq, held)
+            self._last_commit = self._committer.submit(self._settle, seq, held, slots)
 
     def settle(self) -> None:
         """Wait until every commit so far has its deletes answered and its log gone."""
@@ -405,7 +437,7 @@ class _Driver:
         if last is not None:
             last.result()
 
-    def _settle(self, seq: int, held: list[Held]) -> None:
+    def _settle(self, seq: int, held: list[Held], slots: set[tuple[int, int]]) -> None:
         try:
             unsent = self.keeper.delete_now(held, DELETE_TIMEOUT)
         except Exception:  # the log stays: a restarted driver deletes from it
@@ -418,8 +450,12 @@ class _Driver:
                 batch_id=seq - 1,
             )
         # The log goes once SQS answered: a driver restarted before then deletes from it.
+        try:
+            self.wal.drop(slots)
+        except Exception:  # left behind: a restarted driver deletes again, and drops them
+            log.exception("removing committed slots of the write-ahead log failed")
+            return
         with self._lock:
-            self.wal.drop_through(seq)
             self._seen = {key for key in self._seen if key[0] > seq}
 
     def close(self) -> None:

@@ -74,3 +74,30 @@ def drain(queue: Transport) -> list[str]:
 
 def files(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+
+
+def slot_files(path: Path) -> list[str]:
+    """The write-ahead log's slots in a local ``walPath`` (its driver markers left out)."""
+    return [name for name in files(path) if not name.startswith("_drivers/")]
+
+
+def s3_bucket() -> str:
+    """A new bucket on moto's S3 (this process's clients point there: the aws fixture)."""
+    import boto3
+
+    bucket = unique("wal")
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=bucket)
+    client.close()
+    return bucket
+
+
+def s3_keys(bucket: str, prefix: str = "") -> list[str]:
+    import boto3
+
+    client = boto3.client("s3")
+    try:
+        answer = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
+        return sorted(item["Key"] for item in answer.get("Contents", []))
+    finally:
+        client.close()

@@ -17,13 +17,13 @@ from structlog.testing import capture_logs
 from spark_sink import read_output, source, write_once
 from spark_sink.options import SourceOptions
 from spark_sink.source import _Driver
-from spark_sink.wal import Slot, WriteAheadLog
+from spark_sink.wal import LocalLog, Slot
 from sqsworker.local import LocalSQS
 from sqsworker.transports import Transport, send_all
 
 from ..conftest import wait_until
 from ..faults.proxy import FaultProxy
-from .conftest import files, make_queue
+from .conftest import make_queue, s3_bucket, s3_keys, slot_files
 
 pytestmark = pytest.mark.spark
 
@@ -33,13 +33,15 @@ def run(
     queue: Transport,
     tmp_path: Path,
     sink: Callable[[DataFrame, int], None],
+    wal: str | None = None,
     **options: str,
 ) -> None:
-    """One AvailableNow run of the query; raises what the query raised."""
+    """One AvailableNow run of the query (its log in ``wal``, else a folder of
+    ``tmp_path``); raises what the query raised."""
     stream = (
         spark.readStream.format("sqs")
         .option("queue", queue.info.url)
-        .option("walPath", str(tmp_path / "wal"))
+        .option("walPath", wal or str(tmp_path / "wal"))
         .option("waitTimeSeconds", "0")
         .options(**options)
         .load()
@@ -61,23 +63,30 @@ def output_ids(spark: SparkSession, path: Path) -> list[str]:
     return [] if output is None else [r.message_id for r in output.select("message_id").collect()]
 
 
+@pytest.mark.parametrize("place", ["local", "s3"])
 def test_every_message_is_written_once_and_deleted(
-    spark: SparkSession, aws: LocalSQS, tmp_path: Path
+    spark: SparkSession, aws: LocalSQS, tmp_path: Path, place: str
 ) -> None:
     queue = make_queue(aws, "orders")
+    bucket = s3_bucket() if place == "s3" else None
+    wal = f"s3://{bucket}/orders/wal" if bucket else None
     # Three batches; 1,000 messages took close to the 120 s test limit on moto's server.
     sent = send_all(queue, [f'{{"order": {i}}}' for i in range(500)])
-    run(spark, queue, tmp_path, write_once(str(tmp_path / "out")), maxMessagesPerBatch="200")
+    out = write_once(str(tmp_path / "out"))
+    run(spark, queue, tmp_path, out, wal=wal, maxMessagesPerBatch="200")
     ids = output_ids(spark, tmp_path / "out")
     assert len(ids) == 500 and set(ids) == set(sent)
     assert queue.counts().total == 0  # every message deleted once its batch committed
-    assert files(tmp_path / "wal") == []  # and the log of each batch cleaned up
+    # and the log of each batch cleaned up
+    assert (s3_keys(bucket) if bucket else slot_files(tmp_path / "wal")) == []
 
 
+@pytest.mark.parametrize("place", ["local", "s3"])
 def test_a_failed_query_restarted_from_its_checkpoint_loses_and_repeats_nothing(
-    spark: SparkSession, aws: LocalSQS, tmp_path: Path
+    spark: SparkSession, aws: LocalSQS, tmp_path: Path, place: str
 ) -> None:
     queue = make_queue(aws, "orders")
+    wal = f"s3://{s3_bucket()}/orders/wal" if place == "s3" else None
     sent = send_all(queue, [f'{{"order": {i}}}' for i in range(120)])
     write = write_once(str(tmp_path / "out"))
     failures = {1: "after", 2: "before"}  # batch id -> fail after or before writing it
@@ -93,8 +102,8 @@ def test_a_failed_query_restarted_from_its_checkpoint_loses_and_repeats_nothing(
     options = {"maxMessagesPerBatch": "30", "visibilityTimeout": "3"}
     for _ in range(2):  # each run stops at its failure; the restart replays that batch
         with pytest.raises(StreamingQueryException, match="fails"):
-            run(spark, queue, tmp_path, flaky, **options)
-    run(spark, queue, tmp_path, flaky, **options)
+            run(spark, queue, tmp_path, flaky, wal=wal, **options)
+    run(spark, queue, tmp_path, flaky, wal=wal, **options)
     ids = output_ids(spark, tmp_path / "out")
     assert sorted(ids) == sorted(sent)  # each once: nothing lost, nothing twice
     assert queue.counts().total == 0
@@ -103,15 +112,16 @@ def test_a_failed_query_restarted_from_its_checkpoint_loses_and_repeats_nothing(
 def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
     spark: SparkSession, aws: LocalSQS, tmp_path: Path
 ) -> None:
-    """20 ms a request, a 2 s visibility timeout, 6 s batches, two partitions.
+    """20 ms a request, a 2 s visibility timeout, 6 s batches, one partition taking
+    hundreds of messages a batch.
 
     A partition receives for up to 2/3 s, so the first leases are a third through
     before the log has them; the driver must date them from the first receive, adopt
-    them at once and renew a few hundred together. (Before, in a run like this with
-    waitTimeSeconds 1, now refused with this timeout, another consumer received 10.)
+    them at once and renew a few hundred together, again every second while the
+    batch runs.
     """
     queue = make_queue(aws, "orders")
-    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(200)])
+    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(600)])
     other = queue.open(queue.info.url)  # straight to the server: it polls without latency
     read: set[str] = set()  # the ids of every batch the query has read so far
     stolen: list[str] = []  # of them, those the other consumer received
@@ -139,7 +149,7 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
             tmp_path,
             slow,
             endpointUrl=proxy.url,
-            numPartitions="2",
+            numPartitions="1",
             visibilityTimeout="2",
         )
     finally:
@@ -156,9 +166,7 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
     # holds its slot. Its deletes are held up on the way: the log stays until answered.
     queue = make_queue(aws, "orders")
     send_all(queue, [f'{{"order": {i}}}' for i in range(10)])
-    WriteAheadLog(str(tmp_path / "wal")).write(
-        Slot(1, 0, time.time(), tuple(queue.receive(10, 0, 30)))
-    )
+    LocalLog(str(tmp_path / "wal")).write(Slot(1, 0, time.time(), tuple(queue.receive(10, 0, 30))))
     proxy = FaultProxy(aws.endpoint_url).start()
     options = SourceOptions.parse(
         {"queue": queue.info.url, "walPath": str(tmp_path / "wal"), "endpointUrl": proxy.url}
@@ -169,13 +177,13 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
         committing = threading.Thread(target=driver.commit_through, args=(1,))
         committing.start()
         wait_until(lambda: proxy.injected["stall"] > 0, what="a delete under way")
-        assert files(tmp_path / "wal") == ["000000000001/part-00000.json"]
+        assert slot_files(tmp_path / "wal") == ["000000000001/part-00000.json"]
         committing.join()
     finally:
         driver.close()
         proxy.stop()
     assert queue.counts().total == 0
-    assert files(tmp_path / "wal") == []
+    assert slot_files(tmp_path / "wal") == []
 
 
 def test_a_partition_that_received_nothing_is_committed_with_the_others(
@@ -185,7 +193,7 @@ def test_a_partition_that_received_nothing_is_committed_with_the_others(
     # the one's leases, commits both, and says nothing went wrong.
     queue = make_queue(aws, "orders")
     send_all(queue, [f'{{"order": {i}}}' for i in range(10)])
-    wal = WriteAheadLog(str(tmp_path / "wal"))
+    wal = LocalLog(str(tmp_path / "wal"))
     wal.write(Slot(1, 0, time.time(), ()))
     wal.write(Slot(1, 1, time.time(), tuple(queue.receive(10, 0, 30))))
     options = SourceOptions.parse({"queue": queue.info.url, "walPath": str(tmp_path / "wal")})
@@ -199,14 +207,14 @@ def test_a_partition_that_received_nothing_is_committed_with_the_others(
             driver.close()
     assert [line["event"] for line in logs if line["log_level"] == "error"] == []
     assert queue.counts().total == 0
-    assert files(tmp_path / "wal") == []
+    assert slot_files(tmp_path / "wal") == []
 
 
 def test_the_driver_stops_looking_often_for_a_file_never_written(
     aws: LocalSQS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A task that dies before writing its slot, a query that fails: the watcher looks
-    # every WATCH_DUE only for a while, then every WATCH_EVERY.
+    # for it often only for a while, then every WATCH_EVERY.
     monkeypatch.setattr(source, "DUE_FOR", 0.0)  # the while: twice the visibility timeout
     queue = make_queue(aws, "orders")
     options = SourceOptions.parse(
@@ -220,8 +228,8 @@ def test_the_driver_stops_looking_often_for_a_file_never_written(
     driver = _Driver(options, queue.info)
     try:
         driver.expect([(1, 0)])
-        assert driver._due
-        wait_until(lambda: not driver._due, what="the planned slot given up on")
+        assert driver.looking_often()
+        wait_until(lambda: not driver.looking_often(), what="the planned slot looked for rarely")
         driver.wal.write(Slot(1, 0, time.time(), ()))
         wait_until(lambda: (1, 0) in driver._seen, what="a late file still adopted")
     finally:
@@ -234,6 +242,11 @@ def test_the_driver_stops_looking_often_for_a_file_never_written(
         ({"walPath": "/tmp/w"}, "the sqs option 'queue' is missing"),
         ({"queue": "QUEUE"}, "the sqs option 'walPath' is missing"),
         ({"queue": "no-such-queue", "walPath": "/tmp/w"}, "queue 'no-such-queue' does not exist"),
+        ({"queue": "QUEUE", "walPath": "wal"}, "got 'wal', a relative path"),
+        (
+            {"queue": "QUEUE", "walPath": "s3://no-such-bucket-here/wal"},
+            "names a bucket that does not exist",
+        ),
         (
             {"queue": "QUEUE", "walPath": "/tmp/w", "visibilityTimeout": "50000"},
             "'visibilityTimeout' must be from 1 to 43200; got 50000",
