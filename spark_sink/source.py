@@ -76,6 +76,10 @@ SCHEMA = StructType(
         StructField("group_id", StringType(), True),
         StructField("sequence_number", StringType(), True),
         StructField("deduplication_id", StringType(), True),
+        # When the source received this delivery (its partition's first receive): it only
+        # grows with the query, unlike sent_timestamp (SQS delivers out of send order), so
+        # it is the event time of dropDuplicatesWithinWatermark(["message_id"]).
+        StructField("received_at", TimestampType(), False),
     ]
 )
 PAYLOAD_ERROR = "sqsworker.payload_error"  # the attribute of a row whose body is not in S3
@@ -220,7 +224,7 @@ class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, SQSPartition)
         slot = receive_or_replay(partition)
         if not any(is_offloaded(e.message_attributes) for e in slot.messages):
-            return (row(envelope) for envelope in slot.messages)
+            return (row(envelope, slot.received_at) for envelope in slot.messages)
         return _fetched_rows(slot, partition.options)
 
 
@@ -286,14 +290,16 @@ def _fetched_rows(slot: Slot, options: SourceOptions) -> Iterator[tuple[Any, ...
             try:
                 message.fetch_body(payloads)
             except PayloadMissing as exc:
-                yield row(envelope, error=str(exc))
+                yield row(envelope, slot.received_at, error=str(exc))
                 continue
-            yield row(envelope, body=message.body)
+            yield row(envelope, slot.received_at, body=message.body)
     finally:
         payloads.close()
 
 
-def row(envelope: Envelope, body: str | None = None, error: str | None = None) -> tuple[Any, ...]:
+def row(
+    envelope: Envelope, received_at: float, body: str | None = None, error: str | None = None
+) -> tuple[Any, ...]:
     attributes = dict(envelope.attributes)
     if error is not None:
         attributes[PAYLOAD_ERROR] = error
@@ -315,6 +321,7 @@ def row(envelope: Envelope, body: str | None = None, error: str | None = None) -
         attributes.get("MessageGroupId"),
         attributes.get("SequenceNumber"),
         attributes.get("MessageDeduplicationId"),
+        datetime.fromtimestamp(received_at, tz=UTC),
     )
 
 

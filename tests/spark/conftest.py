@@ -21,6 +21,8 @@ from pyspark.sql import SparkSession
 
 from spark_sink import SQSDataSource
 
+from .cluster import StandaloneCluster
+
 
 @pytest.fixture(scope="session")
 def spark(local_sqs: LocalSQS) -> Iterator[SparkSession]:
@@ -47,6 +49,16 @@ def spark(local_sqs: LocalSQS) -> Iterator[SparkSession]:
     session.dataSource.register(SQSDataSource)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """A Spark standalone master and two one-core workers, once per session."""
+    running = StandaloneCluster(tmp_path_factory.mktemp("cluster")).start()
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture
