@@ -81,8 +81,10 @@ def main(config: dict[str, Any]) -> None:
                 batch = int(progress["batchId"])
                 if progress["numInputRows"] and batch not in reported:
                     reported.add(batch)
-                    print(f"BATCH DONE {batch} {progress['numInputRows']}", flush=True)
-            if queue.counts().total == 0:
+                    durations = json.dumps(progress["durationMs"])
+                    rows = progress["numInputRows"]
+                    print(f"BATCH DONE {batch} {rows} {durations}", flush=True)
+            if query.lastProgress is not None and queue.counts().total == 0:
                 break  # every message deleted: every batch that read one is committed
             done.wait(0.2)  # the queue's counts are the only way to know
         if query.exception() is not None:

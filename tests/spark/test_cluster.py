@@ -124,6 +124,7 @@ def test_a_relative_wal_path_on_a_cluster_is_refused_at_start(
 ) -> None:
     # Each executor would resolve it in its own work folder: a log the driver never sees.
     queue = make_queue(aws, "orders")
+    send_all(queue, ['{"order": 1}'])
     driver = start(cluster, aws, queue, "orders/wal", tmp_path)
     assert driver.wait(120) != 0
     assert "a relative path, which each executor would resolve in its own working" in (
