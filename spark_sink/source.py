@@ -21,8 +21,9 @@ How one batch goes (offsets are ``{"seq": n}``, n the batch's slot in the log):
    removed.
 
 A failure anywhere before 4 leaves the messages in the queue (or in the log,
-for a replay): delivery is at least once. ``write_once`` (``output.py``) makes
-the output exactly once.
+for a replay): delivery is at least once. The documented pipeline makes the
+output exactly once: ``dropDuplicatesWithinWatermark(["message_id"])`` on
+``received_at``, then Spark's file sink (docs/spark.md).
 """
 
 from __future__ import annotations
@@ -477,7 +478,8 @@ class _Driver:
 
 class _SourceLog(LogObserver):
     """The worker's log lines, said as they apply to a batch: delivery is at least once,
-    and ``write_once`` (or any sink keyed by message id) drops what comes twice."""
+    and the pipeline's dropDuplicatesWithinWatermark(["message_id"]) (or any sink keyed
+    by message id) drops what comes twice."""
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         if will_retry:
@@ -487,18 +489,20 @@ class _SourceLog(LogObserver):
             # Some servers delete on a stale receipt handle, some do not.
             self._for(message).warning(
                 "delete of a committed message not confirmed: its lease was lost, so it "
-                "may not have been deleted; if it comes again, write_once drops it",
+                "may not have been deleted; if it comes again, the pipeline drops it by its "
+                "message_id",
                 reason=reason,
             )
             return
         self._for(message).error(
-            "delete of a committed message failed: SQS will deliver it again; write_once drops it",
+            "delete of a committed message failed: SQS will deliver it again; the pipeline "
+            "drops it by its message_id",
             reason=reason,
         )
 
     def lease_lost(self, message: Message, reason: str) -> None:
         self._for(message).warning(
             "lease lost: another consumer may receive this message; if it comes again, "
-            "write_once drops it",
+            "the pipeline drops it by its message_id",
             reason=reason,
         )

@@ -14,7 +14,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from structlog.testing import capture_logs
 
-from spark_sink import read_output, source, write_once
+from spark_sink import source
 from spark_sink.options import SourceOptions
 from spark_sink.source import _Driver
 from spark_sink.wal import LocalLog, Slot
@@ -24,6 +24,7 @@ from sqsworker.transports import Transport, send_all
 from ..conftest import wait_until
 from ..faults.proxy import FaultProxy
 from .conftest import make_queue, s3_bucket, s3_keys, slot_files
+from .output import read_output, write_once
 
 pytestmark = pytest.mark.spark
 

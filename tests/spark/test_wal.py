@@ -261,4 +261,4 @@ def test_a_failed_delete_of_a_committed_message_says_what_is_known() -> None:
         ("error", "delete of a committed message failed"),  # it will certainly come again
         ("warning", "delete of a committed message not confirmed"),
     ]
-    assert all("write_once drops it" in line["event"] for line in logs)
+    assert all("the pipeline drops it by its message_id" in line["event"] for line in logs)
