@@ -91,6 +91,7 @@ LEASE_SENDERS = 8  # renewals and deletes the driver has under way at once, at m
 IDLE_WAIT = 1.0  # seconds latestOffset waits when the queue shows nothing (no busy polling)
 DELETE_TIMEOUT = 60.0  # seconds a commit waits for SQS to answer its deletes
 RECEIVE_SHARE = 3  # receiving stops 1/3 of the visibility timeout after it began
+RECEIVERS = 8  # receives a partition has in flight at once, at most
 log = structlog.get_logger("spark_sink")
 
 
@@ -241,26 +242,7 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
         partition.info, endpoint_url=options.endpoint_url, region=options.region
     )
     try:
-        received: list[Envelope] = []
-        # When the first receive that returned messages began (SQS's countdown of each
-        # message starts later): the driver dates every lease of the slot from it.
-        received_at: float | None = None
-        stop_at = math.inf
-        wait = options.wait_time_seconds
-        while len(received) < partition.budget and time.monotonic() < stop_at:
-            began, began_wall = time.monotonic(), time.time()
-            got = transport.receive(
-                min(MAX_BATCH, partition.budget - len(received)), wait, options.visibility_timeout
-            )
-            if not got:
-                break
-            if received_at is None:
-                received_at = began_wall
-                # The driver keeps the leases alive only once the log has them: stop
-                # receiving well before the first lease could run out.
-                stop_at = began + options.visibility_timeout / RECEIVE_SHARE
-            received += got
-            wait = 0  # long-poll for the first messages only
+        received_at, received = _receive(transport, options, partition.budget)
         ours = Slot(
             partition.seq,
             partition.index,
@@ -277,6 +259,56 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
         return recorded
     finally:
         transport.close()
+
+
+def _receive(
+    transport: SQSTransport, options: SourceOptions, budget: int
+) -> tuple[float | None, list[Envelope]]:
+    """Up to ``budget`` messages: when the first receive that returned some began (wall
+    clock; None if none did), and the messages.
+
+    The first receive long-polls alone; then up to RECEIVERS receives are in flight at
+    once (so a partition is not capped at 10 messages a round trip), each asking for
+    what the budget has left, until the budget is spent, a receive comes back empty, or
+    a RECEIVE_SHARE of the visibility timeout has passed since that first receive began
+    (the driver keeps the leases alive only once the log has them, from half of it).
+    """
+    began, began_wall = time.monotonic(), time.time()
+    first = transport.receive(
+        min(MAX_BATCH, budget), options.wait_time_seconds, options.visibility_timeout
+    )
+    if not first:
+        return None, []
+    stop_at = began + options.visibility_timeout / RECEIVE_SHARE
+    received = list(first)
+    lock = threading.Lock()  # guards received, asked and done
+    asked = 0  # messages the receives under way ask for
+    done = False  # a receive came back empty, or failed: no more start
+
+    def receiver() -> None:
+        nonlocal asked, done
+        while True:
+            with lock:
+                want = min(MAX_BATCH, budget - len(received) - asked)
+                if done or want <= 0 or time.monotonic() >= stop_at:
+                    return
+                asked += want
+            try:
+                got = transport.receive(want, 0, options.visibility_timeout)
+            except SQSWorkerError as exc:  # what was received so far is kept and logged
+                log.warning("a receive failed; the batch keeps what it has", error=str(exc))
+                got = []
+            with lock:
+                asked -= want
+                received.extend(got)
+                done = done or not got
+
+    count = min(RECEIVERS, math.ceil((budget - len(received)) / MAX_BATCH))
+    if count > 0:
+        with ThreadPoolExecutor(count, thread_name_prefix="spark-sink-receive") as pool:
+            for running in [pool.submit(receiver) for _ in range(count)]:
+                running.result()
+    return began_wall, received
 
 
 def _fetched_rows(slot: Slot, options: SourceOptions) -> Iterator[tuple[Any, ...]]:

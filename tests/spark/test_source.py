@@ -20,6 +20,7 @@ from spark_sink.source import _Driver
 from spark_sink.wal import LocalLog, Slot
 from sqsworker.local import LocalSQS
 from sqsworker.transports import Transport, send_all
+from sqsworker.transports.sqs import SQSTransport
 
 from ..conftest import wait_until
 from ..faults.proxy import FaultProxy
@@ -128,8 +129,12 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
     stolen: list[str] = []  # of them, those the other consumer received
     write = write_once(str(tmp_path / "out"))
 
+    sizes: list[int] = []
+
     def slow(batch: DataFrame, batch_id: int) -> None:
-        read.update(r.message_id for r in batch.select("message_id").collect())
+        ids = [r.message_id for r in batch.select("message_id").collect()]
+        sizes.append(len(ids))
+        read.update(ids)
         tick = threading.Event()
         for _ in range(60):  # 6 s: three times the visibility timeout
             tick.wait(0.1)
@@ -155,6 +160,7 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
         )
     finally:
         proxy.stop()
+    assert max(sizes) >= 300  # hundreds of leases a partition, renewed together
     assert stolen == []  # another consumer saw none of them while their batch ran
     assert sorted(output_ids(spark, tmp_path / "out")) == sorted(sent)
     assert queue.counts().total == 0
@@ -185,6 +191,50 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
         proxy.stop()
     assert queue.counts().total == 0
     assert slot_files(tmp_path / "wal") == []
+
+
+class CountingReceives(FaultProxy):
+    """moto's server behind latency; counts the ReceiveMessage calls under way at once."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.under_way = 0
+        self.most = 0
+        self._counting = threading.Lock()
+
+    def _handle(self, request: Any) -> None:
+        receive = request.headers.get("X-Amz-Target", "").endswith(".ReceiveMessage")
+        if receive:
+            with self._counting:
+                self.under_way += 1
+                self.most = max(self.most, self.under_way)
+        try:
+            super()._handle(request)
+        finally:
+            if receive:
+                with self._counting:
+                    self.under_way -= 1
+
+
+def test_a_partition_keeps_several_receives_in_flight_within_its_budget(aws: LocalSQS) -> None:
+    queue = make_queue(aws, "orders")
+    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(300)])
+    proxy = CountingReceives(aws.endpoint_url).start()
+    proxy.set(latency=0.02)
+    options = SourceOptions.parse(
+        {"queue": queue.info.url, "walPath": "/unused", "waitTimeSeconds": "0"}
+    )
+    transport = SQSTransport.reopen(queue.info, endpoint_url=proxy.url)
+    try:
+        received_at, received = source._receive(transport, options, 205)
+    finally:
+        transport.close()
+        proxy.stop()
+    assert received_at is not None
+    ids = [e.message_id for e in received]
+    assert len(ids) == 205 and len(set(ids)) == 205 and set(ids) <= set(sent)  # the budget
+    assert 1 < proxy.most <= source.RECEIVERS  # not one round trip at a time
+    assert queue.counts().visible == 95  # none received beyond it
 
 
 def test_a_partition_that_received_nothing_is_committed_with_the_others(
