@@ -87,7 +87,7 @@ PAYLOAD_ERROR = "sqsworker.payload_error"  # the attribute of a row whose body i
 WATCH_EVERY = 0.5  # seconds between the driver's looks for a late slot, when none is due
 DUE_FOR = 120.0  # seconds a planned slot is looked for often (the log's look_every); then
 # every WATCH_EVERY until its batch commits
-LEASE_SENDERS = 8  # renewals and deletes the driver has under way at once, at most
+LEASE_SENDERS = 16  # renewals and deletes the driver has under way at once, at most
 IDLE_WAIT = 1.0  # seconds latestOffset waits when the queue shows nothing (no busy polling)
 DELETE_TIMEOUT = 60.0  # seconds a commit waits for SQS to answer its deletes
 RECEIVE_SHARE = 3  # receiving stops 1/3 of the visibility timeout after it began
@@ -242,12 +242,14 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
         partition.info, endpoint_url=options.endpoint_url, region=options.region
     )
     try:
-        received_at, received = _receive(transport, options, partition.budget)
+        received_at, receipts = _receive(transport, options, partition.budget)
+        received = [envelope for _, envelope in receipts]
         ours = Slot(
             partition.seq,
             partition.index,
             time.time() if received_at is None else received_at,
             tuple(received),
+            tuple(began for began, _ in receipts),
         )
         recorded = wal.write(ours)
         if recorded is not ours and received:  # another attempt recorded this slot first
@@ -263,9 +265,10 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
 
 def _receive(
     transport: SQSTransport, options: SourceOptions, budget: int
-) -> tuple[float | None, list[Envelope]]:
+) -> tuple[float | None, list[tuple[float, Envelope]]]:
     """Up to ``budget`` messages: when the first receive that returned some began (wall
-    clock; None if none did), and the messages.
+    clock; None if none did), and each message with when its own receive began (the
+    driver dates each lease from it).
 
     The first receive long-polls alone; then up to RECEIVERS receives are in flight at
     once (so a partition is not capped at 10 messages a round trip), each asking for
@@ -280,7 +283,7 @@ def _receive(
     if not first:
         return None, []
     stop_at = began + options.visibility_timeout / RECEIVE_SHARE
-    received = list(first)
+    received = [(began_wall, envelope) for envelope in first]
     lock = threading.Lock()  # guards received, asked and done
     asked = 0  # messages the receives under way ask for
     done = False  # a receive came back empty, or failed: no more start
@@ -293,6 +296,7 @@ def _receive(
                 if done or want <= 0 or time.monotonic() >= stop_at:
                     return
                 asked += want
+            when = time.time()
             try:
                 got = transport.receive(want, 0, options.visibility_timeout)
             except SQSWorkerError as exc:  # what was received so far is kept and logged
@@ -300,7 +304,7 @@ def _receive(
                 got = []
             with lock:
                 asked -= want
-                received.extend(got)
+                received.extend((when, envelope) for envelope in got)
                 done = done or not got
 
     count = min(RECEIVERS, math.ceil((budget - len(received)) / MAX_BATCH))
@@ -444,12 +448,12 @@ class _Driver:
         if slot.seq <= self._committed or key in self._seen:
             return
         self._seen.add(key)
-        if not slot.messages:  # a partition that received nothing holds no lease
-            return
-        # The keeper counts on its monotonic clock; the log says when, on the wall's.
-        received_at = self.clock.monotonic() - (self.clock.time() - slot.received_at)
-        held = self.keeper.add(slot.messages, received_at, self.options.visibility_timeout)
-        self._held.setdefault(slot.seq, []).extend(held)
+        # Each lease from when its own receive began (a partition that received nothing
+        # holds none). The keeper counts on its monotonic clock; the log on the wall's.
+        offset = self.clock.monotonic() - self.clock.time()
+        for began, envelopes in slot.leases():
+            held = self.keeper.add(envelopes, began + offset, self.options.visibility_timeout)
+            self._held.setdefault(slot.seq, []).extend(held)
 
     def commit_through(self, seq: int) -> None:
         """Delete every message of every batch up to ``seq``, then forget their log.

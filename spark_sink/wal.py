@@ -54,12 +54,23 @@ class LogUnusable(ValueError):
 
 @dataclass(frozen=True)
 class Slot:
-    """One partition of one batch: the messages it received, and when (epoch seconds)."""
+    """One partition of one batch: the messages it received, and when (epoch seconds):
+    ``received_at`` its first receive that returned messages began, ``began`` (one for
+    each message, when given) the receive that returned that message."""
 
     seq: int
     partition: int
     received_at: float
     messages: tuple[Envelope, ...]
+    began: tuple[float, ...] = ()
+
+    def leases(self) -> list[tuple[float, list[Envelope]]]:
+        """The messages grouped by when their receive began, each lease counted from it."""
+        groups: dict[float, list[Envelope]] = {}
+        began = self.began if len(self.began) == len(self.messages) else ()
+        for n, envelope in enumerate(self.messages):
+            groups.setdefault(began[n] if began else self.received_at, []).append(envelope)
+        return sorted(groups.items(), key=lambda group: group[0])
 
     @property
     def key(self) -> tuple[int, int]:
@@ -71,6 +82,7 @@ class Slot:
                 "seq": self.seq,
                 "partition": self.partition,
                 "received_at": self.received_at,
+                "began": list(self.began),
                 "messages": [
                     {
                         "message_id": e.message_id,
@@ -92,6 +104,7 @@ class Slot:
             partition=int(raw["partition"]),
             received_at=float(raw["received_at"]),
             messages=tuple(Envelope(**m) for m in raw["messages"]),
+            began=tuple(float(b) for b in raw.get("began", ())),
         )
 
 

@@ -123,7 +123,9 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
     batch runs.
     """
     queue = make_queue(aws, "orders")
-    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(600)])
+    # Hundreds in one partition: as many as moto's server here renews every second
+    # (each renewal scans the queue) with the CPU the rest of the test leaves it.
+    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(300)])
     other = queue.open(queue.info.url)  # straight to the server: it polls without latency
     read: set[str] = set()  # the ids of every batch the query has read so far
     stolen: list[str] = []  # of them, those the other consumer received
@@ -160,7 +162,7 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
         )
     finally:
         proxy.stop()
-    assert max(sizes) >= 300  # hundreds of leases a partition, renewed together
+    assert max(sizes) >= 200  # hundreds of leases a partition, renewed together
     assert stolen == []  # another consumer saw none of them while their batch ran
     assert sorted(output_ids(spark, tmp_path / "out")) == sorted(sent)
     assert queue.counts().total == 0
@@ -230,8 +232,8 @@ def test_a_partition_keeps_several_receives_in_flight_within_its_budget(aws: Loc
     finally:
         transport.close()
         proxy.stop()
-    assert received_at is not None
-    ids = [e.message_id for e in received]
+    assert received_at is not None and received_at == min(began for began, _ in received)
+    ids = [e.message_id for _, e in received]
     assert len(ids) == 205 and len(set(ids)) == 205 and set(ids) <= set(sent)  # the budget
     assert 1 < proxy.most <= source.RECEIVERS  # not one round trip at a time
     assert queue.counts().visible == 95  # none received beyond it

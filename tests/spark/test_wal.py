@@ -262,3 +262,17 @@ def test_a_failed_delete_of_a_committed_message_says_what_is_known() -> None:
         ("warning", "delete of a committed message not confirmed"),
     ]
     assert all("the pipeline drops it by its message_id" in line["event"] for line in logs)
+
+
+def test_each_lease_is_dated_from_its_own_receive() -> None:
+    # The driver keeps leases of hundreds of messages a partition, received over a
+    # third of the visibility timeout: those received later are renewed later.
+    messages = slot(1, 0, "a", "b", "c").messages
+    recorded = Slot(1, 0, 100.0, messages, (100.0, 100.4, 100.0))
+    again = Slot.loads(recorded.dumps())
+    assert again == recorded
+    assert [(began, [e.message_id for e in group]) for began, group in again.leases()] == [
+        (100.0, ["a", "c"]),
+        (100.4, ["b"]),
+    ]
+    assert [b for b, _ in Slot(1, 0, 100.0, messages).leases()] == [100.0]  # an older slot
