@@ -210,6 +210,7 @@ def source_throughput(
     per_batch: int = 200,
     latencies: list[float] | None = None,
     wal: str = "local",
+    in_flight: int | None = None,
 ) -> list[SourceRun]:
     """Drain ``messages`` with numPartitions 1 and 2, alternating, ``rounds`` times each
     at each latency, at most ``per_batch`` a micro-batch."""
@@ -251,6 +252,7 @@ def source_throughput(
                         .option("numPartitions", str(partitions))
                         .option("maxMessagesPerBatch", str(per_batch))
                         .option("waitTimeSeconds", "0")
+                        .options(**({"receivesInFlight": str(in_flight)} if in_flight else {}))
                         .load()
                         .writeStream.format("noop")
                         .option("checkpointLocation", f"{tmp}/{name}/checkpoint")
@@ -352,17 +354,24 @@ def main() -> None:
     )
     parser.add_argument("--per-batch", type=int, default=1000, help="maxMessagesPerBatch")
     parser.add_argument("--wal", choices=["s3", "local"], default="s3", help="where the log goes")
+    parser.add_argument("--in-flight", type=int, help="receivesInFlight (default: the source's)")
     args = parser.parse_args()
     if args.serve:
         serve()
         return
     runs = source_throughput(
-        args.messages, args.rounds, per_batch=args.per_batch, latencies=args.latency, wal=args.wal
+        args.messages,
+        args.rounds,
+        per_batch=args.per_batch,
+        latencies=args.latency,
+        wal=args.wal,
+        in_flight=args.in_flight,
     )
     print(
         f"spark_sink source (moto's server in its own process, + latency to each SQS request, "
         f"local[2], {args.messages} msgs, maxMessagesPerBatch {args.per_batch}, log on "
-        f"{args.wal}, runs alternating; msg/s counts the query's start, running from its first "
+        f"{args.wal}, receivesInFlight {args.in_flight or 'default'}, runs alternating; "
+        "msg/s counts the query's start, running from its first "
         "trigger; CPU seconds per 1,000 messages):"
     )
     print_runs(runs)

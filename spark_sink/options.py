@@ -24,6 +24,7 @@ class SourceOptions:
     num_partitions: int = 2
     visibility_timeout: int = 120
     wait_time_seconds: int = 1
+    receives_in_flight: int = 8  # a partition's receives under way at once, after its first
     # Offloaded bodies are fetched from S3; given, the only bucket they are fetched from.
     payload_bucket: str | None = None
 
@@ -61,6 +62,7 @@ class SourceOptions:
             num_partitions=_int(given, "numPartitions", 2, 1, 1000),
             visibility_timeout=visibility,
             wait_time_seconds=wait,
+            receives_in_flight=_int(given, "receivesInFlight", 8, 1, 16),
         )
 
 

@@ -91,7 +91,6 @@ LEASE_SENDERS = 16  # renewals and deletes the driver has under way at once, at 
 IDLE_WAIT = 1.0  # seconds latestOffset waits when the queue shows nothing (no busy polling)
 DELETE_TIMEOUT = 60.0  # seconds a commit waits for SQS to answer its deletes
 RECEIVE_SHARE = 3  # receiving stops 1/3 of the visibility timeout after it began
-RECEIVERS = 8  # receives a partition has in flight at once, at most
 log = structlog.get_logger("spark_sink")
 
 
@@ -270,8 +269,8 @@ def _receive(
     clock; None if none did), and each message with when its own receive began (the
     driver dates each lease from it).
 
-    The first receive long-polls alone; then up to RECEIVERS receives are in flight at
-    once (so a partition is not capped at 10 messages a round trip), each asking for
+    The first receive long-polls alone; then up to ``receivesInFlight`` receives are in
+    flight at once (so a partition is not capped at 10 messages a round trip), each asking for
     what the budget has left, until the budget is spent, a receive comes back empty, or
     a RECEIVE_SHARE of the visibility timeout has passed since that first receive began
     (the driver keeps the leases alive only once the log has them, from half of it).
@@ -307,7 +306,7 @@ def _receive(
                 received.extend((when, envelope) for envelope in got)
                 done = done or not got
 
-    count = min(RECEIVERS, math.ceil((budget - len(received)) / MAX_BATCH))
+    count = min(options.receives_in_flight, math.ceil((budget - len(received)) / MAX_BATCH))
     if count > 0:
         with ThreadPoolExecutor(count, thread_name_prefix="spark-sink-receive") as pool:
             for running in [pool.submit(receiver) for _ in range(count)]:

@@ -29,7 +29,7 @@ MESSAGES = 3000
 # Short leases, so that messages a killed executor had received come back soon.
 OPTIONS = {
     "numPartitions": "2",
-    "maxMessagesPerBatch": "500",
+    "maxMessagesPerBatch": "1000",
     "visibilityTimeout": "6",
     "waitTimeSeconds": "1",
 }

@@ -233,6 +233,10 @@ def test_the_driver_reads_only_the_slots_it_does_not_know(tmp_path: Path) -> Non
         ),
         ({"queue": "q", "walPath": "/w", "waitTimeSeconds": "x"}, "must be a whole number"),
         (
+            {"queue": "q", "walPath": "/w", "receivesInFlight": "0"},
+            "'receivesInFlight' must be from 1 to 16; got 0",
+        ),
+        (
             {"queue": "q", "walPath": "/w", "visibilityTimeout": "30", "waitTimeSeconds": "10"},
             "must be at most a sixth of 'visibilityTimeout'",
         ),
