@@ -6,18 +6,20 @@ How one batch goes (offsets are ``{"seq": n}``, n the batch's slot in the log):
    batch is the next slot. Every batch up to the start offset is committed
    first (Spark asks only after that batch is in its commit log).
 2. Executors, ``read``: each partition receives up to its share of
-   ``maxMessagesPerBatch`` (for a third of the visibility timeout at most),
-   writes what it received to the write-ahead log (``wal.py``) with when its
-   first receive began, and only then returns rows. A replayed partition
-   returns the log's rows and receives nothing.
-3. Driver, all along: a watcher thread finds each planned partition's log file
-   within ``WATCH_DUE`` and hands its messages to a ``LeaseKeeper`` (the worker's
-   lease thread), leases dated from that first receive. It keeps each message
+   ``maxMessagesPerBatch``, several receives in flight after its first (for a
+   third of the visibility timeout at most), writes what it received to its
+   slot of the write-ahead log (``wal.py``: S3 or a shared folder) with when
+   each receive began, and only then returns rows. A replayed partition returns
+   the log's rows and receives nothing.
+3. Driver, all along: a watcher thread reads each planned slot by name until it
+   is written (every 20 ms in a folder; on S3 a sixteenth of the visibility
+   timeout) and hands its messages to a ``LeaseKeeper`` (the worker's lease
+   thread), each lease dated from its own receive. It keeps each message
    invisible, in batched ``ChangeMessageVisibilityBatch`` calls, several at
    once, within the 12-hour cap, logging any lease it loses.
 4. Driver, ``commit`` (or the next ``latestOffset``): the batch's messages are
    deleted with ``DeleteMessageBatch``, several calls at once (per-entry
-   failures retried, lost handles logged); once SQS answered, its log folder is
+   failures retried, lost handles logged); once SQS answered, its slots are
    removed.
 
 A failure anywhere before 4 leaves the messages in the queue (or in the log,
