@@ -435,12 +435,20 @@ class _Driver:
 
     def adopt(self) -> None:
         """Keep alive the leases of every planned slot written since the last look (read
-        by name: the log is not listed)."""
+        by name: the log is not listed).
+
+        The watcher reads without the lock, so a slow store never holds up a commit; a
+        commit reads again under it (commit_through), and a slot found here after its
+        batch was committed is not adopted again (``_adopt``).
+        """
         with self._lock:
             wanted = [key for key in self._due if key[0] > self._committed]
-            if wanted:
-                for slot in self.wal.find(wanted):
-                    self._adopt(slot)
+        if not wanted:
+            return
+        found = self.wal.find(wanted)
+        with self._lock:
+            for slot in found:
+                self._adopt(slot)
 
     def _adopt(self, slot: Slot) -> None:
         key = slot.key
