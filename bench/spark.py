@@ -1,16 +1,23 @@
-"""The sqs source's micro-batch throughput and SQS requests per message.
+"""The sqs source's micro-batch throughput, requests per message, and CPU per message.
 
-    .venv/bin/python -m bench.spark [--messages 2000] [--latency 0.02] [--rounds 2]
+    .venv/bin/python -m bench.spark [--messages 2000] [--latency 0.02 0.1] [--rounds 2]
+                                    [--wal s3|local]
 
-Requests are counted at moto's server, in this process, so those of the Spark
-driver and of every executor are counted alike; ``--latency`` seconds are added
-to each one there (real SQS answers in about 20 ms in-region).
+moto's server runs in a process of its own (``--serve``), so its CPU is not counted
+as the source's; ``--latency`` seconds are added there to each SQS request (real SQS
+answers in about 20 ms in-region; S3 requests get none). Requests are counted there,
+those of the Spark driver and of every executor alike: SQS by action, S3 by method.
+CPU seconds come from /proc: the driver (Spark's JVM, which in ``local[2]`` also runs
+the executors' JVM side, and the source's Python on the driver) and the executors'
+Python workers, which receive and write the log.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -18,13 +25,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
 from urllib.parse import parse_qs
 
-from sqsworker.local import REGION, LocalSQS
-from sqsworker.transports import send_all
-from sqsworker.transports.sqs import SQSTransport
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -39,6 +45,8 @@ class SourceRun:
     # (the executors' receives and the sink), the triggers' "other" steps (Spark's
     # offset and commit logs, planning), and the query's "start" before its first
     phases: dict[str, float]
+    latency: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)  # seconds, by process kind
 
     @property
     def rate(self) -> float:
@@ -51,149 +59,320 @@ class SourceRun:
 
     @property
     def requests_per_message(self) -> float:
-        return sum(self.requests.values()) / self.messages
+        return self.sqs_requests / self.messages
+
+    @property
+    def sqs_requests(self) -> int:
+        return sum(v for k, v in self.requests.items() if not k.startswith("S3 "))
+
+    @property
+    def s3_requests(self) -> int:
+        return sum(v for k, v in self.requests.items() if k.startswith("S3 "))
+
+    def cpu_per_1000(self, kind: str) -> float:
+        return self.cpu.get(kind, 0.0) * 1000 / self.messages
 
 
-@contextmanager
-def counted_requests(latency: float = 0.0) -> Iterator[Counter[str]]:
-    """Count every request moto's server answers, by SQS action, while inside, each
-    answered ``latency`` seconds late (the server serves each request on a thread)."""
+# -- moto's server, in a process of its own -----------------------------------------------
+
+
+def serve() -> None:
+    """The child: moto's server; on stdin, ``latency S`` sets the latency added to each SQS
+    request, ``counts`` prints the requests counted so far (JSON)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    from sqsworker.local import LocalSQS
 
     counts: Counter[str] = Counter()
     lock = threading.Lock()
+    latency = [0.0]
     original: Callable[..., Any] = DomainDispatcherApplication.__call__
 
     def counting(self: Any, environ: dict[str, Any], start_response: Any) -> Any:
         target = environ.get("HTTP_X_AMZ_TARGET", "")
-        action = target.rsplit(".", 1)[-1] if target else ""
-        if not action:
-            action = parse_qs(environ.get("QUERY_STRING", "")).get("Action", ["other"])[0]
+        if target:
+            action = target.rsplit(".", 1)[-1]
+        elif "Action" in parse_qs(environ.get("QUERY_STRING", "")):
+            action = parse_qs(environ["QUERY_STRING"])["Action"][0]
+        else:
+            action = f"S3 {environ.get('REQUEST_METHOD', '')}"
         with lock:
             counts[action] += 1
-        if latency:
-            time.sleep(latency)
+        if latency[0] and not action.startswith("S3 "):
+            time.sleep(latency[0])
         return original(self, environ, start_response)
 
     DomainDispatcherApplication.__call__ = counting  # type: ignore[method-assign]
-    try:
-        yield counts
-    finally:
-        DomainDispatcherApplication.__call__ = original  # type: ignore[method-assign]
+    with LocalSQS() as sqs:
+        print(json.dumps(sqs.env()), flush=True)
+        for line in sys.stdin:
+            command, _, value = line.strip().partition(" ")
+            if command == "latency":
+                latency[0] = float(value)
+            elif command == "counts":
+                with lock:
+                    print(json.dumps(counts), flush=True)
 
 
-def source_throughput(
-    messages: int, rounds: int, latency: float = 0.0, per_batch: int = 200
-) -> list[SourceRun]:
-    """Drain ``messages`` with numPartitions 1 and 2, alternating, ``rounds`` times each,
-    at most ``per_batch`` a micro-batch."""
+class Server:
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.spark", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self._in: IO[str] = self.process.stdin
+        self._out: IO[str] = self.process.stdout
+        self.env: dict[str, str] = json.loads(self._out.readline())
+
+    def latency(self, seconds: float) -> None:
+        self._in.write(f"latency {seconds}\n")
+        self._in.flush()
+
+    def counts(self) -> Counter[str]:
+        self._in.write("counts\n")
+        self._in.flush()
+        return Counter(json.loads(self._out.readline()))
+
+    def close(self) -> None:
+        self._in.close()
+        self.process.wait(30)
+
+
+# -- CPU from /proc --------------------------------------------------------------------
+
+
+def cpu_by_kind(root: int, skip: int) -> dict[str, float]:
+    """CPU seconds so far of ``root``'s descendants (``skip``'s apart), by kind: each
+    process's own and its waited-for children's (a Python worker that ended is counted
+    by the process that forked it, of the same kind, or by the JVM)."""
+    parents: dict[int, int] = {}
+    stats: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        ticks = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
+            kind = "executors"
+        else:
+            kind = "driver"
+        stats[pid] = (kind, ticks / TICKS)
+    totals: Counter[str] = Counter()
+    for pid, (kind, seconds) in stats.items():
+        ancestor = parents.get(pid, 0)
+        while ancestor not in (0, 1, root, skip):
+            ancestor = parents.get(ancestor, 0)
+        if ancestor == root and pid != skip:
+            totals[kind] += seconds
+    return dict(totals)
+
+
+# -- the runs -----------------------------------------------------------------------------
+
+
+@contextmanager
+def spark_session(env: dict[str, str]) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     from spark_sink import SQSDataSource
 
+    os.environ.update(env)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    runs = []
-    with (
-        counted_requests(latency) as counts,
-        LocalSQS() as sqs,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        os.environ.update(sqs.env())
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        spark.dataSource.register(SQSDataSource)
-        for index in range(rounds * 2):
-            partitions = 1 + index % 2
-            name = f"bench-spark-{index}"
-            sqs.create_queue(name, max_receive_count=None)
-            queue = SQSTransport.connect(name, endpoint_url=sqs.endpoint_url, region=REGION)
-            send_all(queue, [f'{{"n": {i}}}' for i in range(messages)])
-            before = Counter(counts)
-            started = time.perf_counter()
-            query = (
-                spark.readStream.format("sqs")
-                .option("queue", name)
-                .option("walPath", f"{tmp}/{name}/wal")
-                .option("numPartitions", str(partitions))
-                .option("maxMessagesPerBatch", str(per_batch))
-                .option("waitTimeSeconds", "0")
-                .load()
-                .writeStream.format("noop")
-                .option("checkpointLocation", f"{tmp}/{name}/checkpoint")
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination()
-            seconds = time.perf_counter() - started
-            assert queue.counts().total == 0, "the source left messages behind"
-            read = sum(p["numInputRows"] for p in query.recentProgress)
-            batches = sum(1 for p in query.recentProgress if p["numInputRows"])
-            phases: Counter[str] = Counter()
-            for progress in query.recentProgress:
-                durations = progress["durationMs"]
-                phases["latestOffset"] += durations.get("latestOffset", 0) / 1000
-                phases["addBatch"] += durations.get("addBatch", 0) / 1000
-                phases["triggers"] += durations.get("triggerExecution", 0) / 1000
-            phases["start"] = seconds - phases["triggers"]  # the query's, before its first
-            phases["other"] = phases["triggers"] - phases["latestOffset"] - phases["addBatch"]
-            runs.append(
-                SourceRun(partitions, read, seconds, batches, counts - before, dict(phases))
-            )
-            queue.close()
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(SQSDataSource)
+    try:
+        yield spark
+    finally:
         spark.stop()
+
+
+def source_throughput(
+    messages: int,
+    rounds: int,
+    latency: float = 0.0,
+    per_batch: int = 200,
+    latencies: list[float] | None = None,
+    wal: str = "local",
+    in_flight: int | None = None,
+) -> list[SourceRun]:
+    """Drain ``messages`` with numPartitions 1 and 2, alternating, ``rounds`` times each
+    at each latency, at most ``per_batch`` a micro-batch."""
+    import boto3
+
+    from sqsworker.transports import send_all
+    from sqsworker.transports.sqs import SQSTransport
+
+    server = Server()
+    runs = []
+    try:
+        sqs = boto3.client("sqs", **_client_args(server.env, "SQS"))
+        s3 = boto3.client("s3", **_client_args(server.env, "S3"))
+        bucket = "bench-spark-wal"
+        s3.create_bucket(Bucket=bucket)
+        with spark_session(server.env) as spark, tempfile.TemporaryDirectory() as tmp:
+            index = 0
+            for seconds in latencies or [latency]:
+                server.latency(seconds)
+                for _ in range(rounds * 2):
+                    partitions = 1 + index % 2
+                    name = f"bench-spark-{index}"
+                    index += 1
+                    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+                    queue = SQSTransport.connect(url)
+                    server.latency(0)  # the sends are not what is measured
+                    send_all(queue, [f'{{"n": {i}}}' for i in range(messages)])
+                    server.latency(seconds)
+                    log = f"s3://{bucket}/{name}/wal" if wal == "s3" else f"{tmp}/{name}/wal"
+                    before, cpu_before = (
+                        server.counts(),
+                        cpu_by_kind(os.getpid(), server.process.pid),
+                    )
+                    started = time.perf_counter()
+                    query = (
+                        spark.readStream.format("sqs")
+                        .option("queue", name)
+                        .option("walPath", log)
+                        .option("numPartitions", str(partitions))
+                        .option("maxMessagesPerBatch", str(per_batch))
+                        .option("waitTimeSeconds", "0")
+                        .options(**({"receivesInFlight": str(in_flight)} if in_flight else {}))
+                        .load()
+                        .writeStream.format("noop")
+                        .option("checkpointLocation", f"{tmp}/{name}/checkpoint")
+                        .trigger(availableNow=True)
+                        .start()
+                    )
+                    query.awaitTermination()
+                    seconds_taken = time.perf_counter() - started
+                    cpu_after = cpu_by_kind(os.getpid(), server.process.pid)
+                    counts = server.counts() - before
+                    server.latency(0)
+                    assert queue.counts().total == 0, "the source left messages behind"
+                    server.latency(seconds)
+                    queue.close()
+                    runs.append(_run(query, partitions, seconds, seconds_taken, counts))
+                    runs[-1].cpu = {
+                        k: cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0) for k in cpu_after
+                    }
+        sqs.close()
+        s3.close()
+    finally:
+        server.close()
     return runs
+
+
+def _client_args(env: dict[str, str], service: str) -> dict[str, Any]:
+    return {
+        "endpoint_url": env[f"AWS_ENDPOINT_URL_{service}"],
+        "region_name": env["AWS_DEFAULT_REGION"],
+        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+    }
+
+
+def _run(
+    query: Any, partitions: int, latency: float, seconds: float, counts: Counter[str]
+) -> SourceRun:
+    read = sum(p["numInputRows"] for p in query.recentProgress)
+    batches = sum(1 for p in query.recentProgress if p["numInputRows"])
+    phases: Counter[str] = Counter()
+    for progress in query.recentProgress:
+        durations = progress["durationMs"]
+        phases["latestOffset"] += durations.get("latestOffset", 0) / 1000
+        phases["addBatch"] += durations.get("addBatch", 0) / 1000
+        phases["triggers"] += durations.get("triggerExecution", 0) / 1000
+    phases["start"] = seconds - phases["triggers"]  # the query's, before its first
+    phases["other"] = phases["triggers"] - phases["latestOffset"] - phases["addBatch"]
+    return SourceRun(partitions, read, seconds, batches, counts, dict(phases), latency)
 
 
 def print_runs(runs: list[SourceRun]) -> None:
     print(
-        f"  {'numPartitions':>13}{'msg/s':>9}{'running':>9}{'batches':>9}{'req/msg':>9}"
-        f"{'start s':>9}{'commit+look s':>15}{'read+sink s':>13}{'other s':>9}  requests"
+        f"  {'ms':>4}{'parts':>6}{'msg/s':>8}{'running':>9}{'batches':>8}{'SQS/msg':>8}"
+        f"{'S3/msg':>8}{'drv cpu':>8}{'exe cpu':>8}{'start s':>8}{'commit+look':>12}"
+        f"{'read+sink':>10}  requests"
     )
     for run in runs:
         requests = ", ".join(f"{k} {v}" for k, v in sorted(run.requests.items()))
         print(
-            f"  {run.partitions:>13}{run.rate:>9.1f}{run.running_rate:>9.1f}{run.batches:>9}"
-            f"{run.requests_per_message:>9.3f}{run.phases['start']:>9.2f}"
-            f"{run.phases['latestOffset']:>15.2f}"
-            f"{run.phases['addBatch']:>13.2f}{run.phases['other']:>9.2f}  {requests}"
+            f"  {run.latency * 1000:>4.0f}{run.partitions:>6}{run.rate:>8.1f}"
+            f"{run.running_rate:>9.1f}{run.batches:>8}{run.requests_per_message:>8.3f}"
+            f"{run.s3_requests / run.messages:>8.4f}{run.cpu_per_1000('driver'):>8.2f}"
+            f"{run.cpu_per_1000('executors'):>8.2f}{run.phases['start']:>8.2f}"
+            f"{run.phases['latestOffset']:>12.2f}{run.phases['addBatch']:>10.2f}  {requests}"
         )
-    means = {}
-    for partitions in (1, 2):
-        # The first run warms the session up: it is left out of the mean.
-        counted = [r for r in runs[2:] if r.partitions == partitions] or [
-            r for r in runs if r.partitions == partitions
-        ]
-        means[partitions] = (
-            sum(r.rate for r in counted) / len(counted),
-            sum(r.running_rate for r in counted) / len(counted),
-        )
-        whole, running = means[partitions]
-        print(f"  numPartitions {partitions}: {whole:.1f} msg/s, {running:.1f} once running (mean)")
-    if 1 in means and 2 in means:
-        print(
-            f"  2 partitions / 1: {means[2][0] / means[1][0]:.2f}x, "
-            f"{means[2][1] / means[1][1]:.2f}x once running"
-        )
+    for latency in sorted({r.latency for r in runs}):
+        means = {}
+        at = [r for r in runs if r.latency == latency]
+        for partitions in (1, 2):
+            # The first run warms the session up: it is left out of the mean.
+            counted = [r for r in at[2:] if r.partitions == partitions] or [
+                r for r in at if r.partitions == partitions
+            ]
+            if not counted:
+                continue
+            means[partitions] = (
+                sum(r.rate for r in counted) / len(counted),
+                sum(r.running_rate for r in counted) / len(counted),
+            )
+            whole, running = means[partitions]
+            print(
+                f"  {latency * 1000:.0f} ms, numPartitions {partitions}: {whole:.1f} msg/s, "
+                f"{running:.1f} once running (mean)"
+            )
+        if 1 in means and 2 in means:
+            print(
+                f"  {latency * 1000:.0f} ms, 2 partitions / 1: {means[2][0] / means[1][0]:.2f}x, "
+                f"{means[2][1] / means[1][1]:.2f}x once running"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=2, help="runs of each numPartitions")
-    parser.add_argument("--latency", type=float, default=0.02, help="seconds added a request")
+    parser.add_argument(
+        "--latency", type=float, nargs="+", default=[0.02, 0.1], help="seconds added a request"
+    )
     parser.add_argument("--per-batch", type=int, default=1000, help="maxMessagesPerBatch")
+    parser.add_argument("--wal", choices=["s3", "local"], default="s3", help="where the log goes")
+    parser.add_argument("--in-flight", type=int, help="receivesInFlight (default: the source's)")
     args = parser.parse_args()
-    runs = source_throughput(args.messages, args.rounds, args.latency, args.per_batch)
+    if args.serve:
+        serve()
+        return
+    runs = source_throughput(
+        args.messages,
+        args.rounds,
+        per_batch=args.per_batch,
+        latencies=args.latency,
+        wal=args.wal,
+        in_flight=args.in_flight,
+    )
     print(
-        f"spark_sink source (moto server + {args.latency * 1000:.0f} ms a request, local[2], "
-        f"{args.messages} msgs, maxMessagesPerBatch {args.per_batch}, runs alternating; "
-        "msg/s counts the query's start, running from its first trigger):"
+        f"spark_sink source (moto's server in its own process, + latency to each SQS request, "
+        f"local[2], {args.messages} msgs, maxMessagesPerBatch {args.per_batch}, log on "
+        f"{args.wal}, receivesInFlight {args.in_flight or 'default'}, runs alternating; "
+        "msg/s counts the query's start, running from its first "
+        "trigger; CPU seconds per 1,000 messages):"
     )
     print_runs(runs)
 

@@ -1,18 +1,19 @@
 """Spark Structured Streaming over SQS, with sqsworker's queue semantics.
 
-    from spark_sink import SQSDataSource, write_once
+    from spark_sink import SQSDataSource
     spark.dataSource.register(SQSDataSource)
-    stream = spark.readStream.format("sqs").option("queue", "orders") \\
-        .option("walPath", "/shared/orders/wal").load()
-    stream.writeStream.foreachBatch(write_once("/shared/orders/out")) \\
-        .option("checkpointLocation", "/shared/orders/checkpoint").start()
+    orders = spark.readStream.format("sqs").option("queue", "orders") \\
+        .option("walPath", "s3://my-bucket/orders/wal").load()
+    orders.withWatermark("received_at", "1 hour") \\
+        .dropDuplicatesWithinWatermark(["message_id"]) \\
+        .writeStream.format("parquet").option("path", "s3a://my-bucket/orders/out") \\
+        .option("checkpointLocation", "s3a://my-bucket/orders/checkpoint").start()
 
 See docs/spark.md.
 """
 
 from .options import SQSOptionError
-from .output import read_output, write_once
 from .sink import SQSSendError
 from .source import SCHEMA, SQSDataSource
 
-__all__ = ["SCHEMA", "SQSDataSource", "SQSOptionError", "SQSSendError", "read_output", "write_once"]
+__all__ = ["SCHEMA", "SQSDataSource", "SQSOptionError", "SQSSendError"]

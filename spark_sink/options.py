@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from sqsworker.config import BUCKET_NAME, MAX_VISIBILITY, MAX_WAIT_TIME
 
+from .wal import LogUnusable, parse_place
+
 
 class SQSOptionError(ValueError):
     """An option of the sqs source or sink cannot work; the message says how to fix it."""
@@ -22,6 +24,7 @@ class SourceOptions:
     num_partitions: int = 2
     visibility_timeout: int = 120
     wait_time_seconds: int = 1
+    receives_in_flight: int = 8  # a partition's receives under way at once, after its first
     # Offloaded bodies are fetched from S3; given, the only bucket they are fetched from.
     payload_bucket: str | None = None
 
@@ -32,9 +35,13 @@ class SourceOptions:
         wal_path = _required(
             given,
             "walPath",
-            "a folder on storage the driver and the executors share, one per query",
-            "/mnt/shared/orders-query/wal",
+            "s3://bucket/prefix, or a folder the driver and every executor share; one per query",
+            "s3://my-bucket/orders-query/wal",
         )
+        try:
+            parse_place(wal_path)
+        except LogUnusable as exc:
+            raise SQSOptionError(str(exc)) from None
         visibility = _int(given, "visibilityTimeout", 120, 1, MAX_VISIBILITY)
         wait = _int(given, "waitTimeSeconds", 1, 0, MAX_WAIT_TIME)
         if wait * 6 > visibility:
@@ -55,6 +62,7 @@ class SourceOptions:
             num_partitions=_int(given, "numPartitions", 2, 1, 1000),
             visibility_timeout=visibility,
             wait_time_seconds=wait,
+            receives_in_flight=_int(given, "receivesInFlight", 8, 1, 16),
         )
 
 

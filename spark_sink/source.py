@@ -6,23 +6,26 @@ How one batch goes (offsets are ``{"seq": n}``, n the batch's slot in the log):
    batch is the next slot. Every batch up to the start offset is committed
    first (Spark asks only after that batch is in its commit log).
 2. Executors, ``read``: each partition receives up to its share of
-   ``maxMessagesPerBatch`` (for a third of the visibility timeout at most),
-   writes what it received to the write-ahead log (``wal.py``) with when its
-   first receive began, and only then returns rows. A replayed partition
-   returns the log's rows and receives nothing.
-3. Driver, all along: a watcher thread finds each planned partition's log file
-   within ``WATCH_DUE`` and hands its messages to a ``LeaseKeeper`` (the worker's
-   lease thread), leases dated from that first receive. It keeps each message
+   ``maxMessagesPerBatch``, several receives in flight after its first (for a
+   third of the visibility timeout at most), writes what it received to its
+   slot of the write-ahead log (``wal.py``: S3 or a shared folder) with when
+   each receive began, and only then returns rows. A replayed partition returns
+   the log's rows and receives nothing.
+3. Driver, all along: a watcher thread reads each planned slot by name until it
+   is written (every 20 ms in a folder; on S3 a sixteenth of the visibility
+   timeout) and hands its messages to a ``LeaseKeeper`` (the worker's lease
+   thread), each lease dated from its own receive. It keeps each message
    invisible, in batched ``ChangeMessageVisibilityBatch`` calls, several at
    once, within the 12-hour cap, logging any lease it loses.
 4. Driver, ``commit`` (or the next ``latestOffset``): the batch's messages are
    deleted with ``DeleteMessageBatch``, several calls at once (per-entry
-   failures retried, lost handles logged); once SQS answered, its log folder is
+   failures retried, lost handles logged); once SQS answered, its slots are
    removed.
 
 A failure anywhere before 4 leaves the messages in the queue (or in the log,
-for a replay): delivery is at least once. ``write_once`` (``output.py``) makes
-the output exactly once.
+for a replay): delivery is at least once. The documented pipeline makes the
+output exactly once: ``dropDuplicatesWithinWatermark(["message_id"])`` on
+``received_at``, then Spark's file sink (docs/spark.md).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from sqsworker.transports import MAX_BATCH, Envelope, QueueInfo
 from sqsworker.transports.sqs import SQSTransport
 
 from .options import SinkOptions, SourceOptions, SQSOptionError
-from .wal import Slot, WriteAheadLog
+from .wal import LogUnusable, Slot, WriteAheadLog, open_log
 
 SCHEMA = StructType(
     [
@@ -76,13 +79,17 @@ SCHEMA = StructType(
         StructField("group_id", StringType(), True),
         StructField("sequence_number", StringType(), True),
         StructField("deduplication_id", StringType(), True),
+        # When the source received this delivery (its partition's first receive): it only
+        # grows with the query, unlike sent_timestamp (SQS delivers out of send order), so
+        # it is the event time of dropDuplicatesWithinWatermark(["message_id"]).
+        StructField("received_at", TimestampType(), False),
     ]
 )
 PAYLOAD_ERROR = "sqsworker.payload_error"  # the attribute of a row whose body is not in S3
-WATCH_EVERY = 0.5  # seconds between the driver's looks for new log files, when none is due
-WATCH_DUE = 0.02  # ... while a planned partition's file is not there yet
-DUE_FOR = 120.0  # seconds a planned file is looked for that often; then every WATCH_EVERY
-LEASE_SENDERS = 8  # renewals and deletes the driver has under way at once, at most
+WATCH_EVERY = 0.5  # seconds between the driver's looks for a late slot, when none is due
+DUE_FOR = 120.0  # seconds a planned slot is looked for often (the log's look_every); then
+# every WATCH_EVERY until its batch commits
+LEASE_SENDERS = 16  # renewals and deletes the driver has under way at once, at most
 IDLE_WAIT = 1.0  # seconds latestOffset waits when the queue shows nothing (no busy polling)
 DELETE_TIMEOUT = 60.0  # seconds a commit waits for SQS to answer its deletes
 RECEIVE_SHARE = 3  # receiving stops 1/3 of the visibility timeout after it began
@@ -102,7 +109,11 @@ class SQSDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = SourceOptions.parse(self.options)
         info = _queue_info(options.queue, options.endpoint_url, options.region)
-        return SQSStreamReader(options, info)
+        try:  # refused here, at the query's start, with one sentence
+            marker = open_log(options.wal_path, options.region).prepare()
+        except LogUnusable as exc:
+            raise SQSOptionError(str(exc)) from None
+        return SQSStreamReader(options, info, marker)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .sink import SQSStreamWriter
@@ -126,7 +137,13 @@ class SQSPartition(InputPartition):
     """What one task needs to receive (or replay) its share of one batch."""
 
     def __init__(
-        self, seq: int, index: int, budget: int, options: SourceOptions, info: QueueInfo
+        self,
+        seq: int,
+        index: int,
+        budget: int,
+        options: SourceOptions,
+        info: QueueInfo,
+        marker: str | None = None,
     ) -> None:
         super().__init__((seq, index))
         self.seq = seq
@@ -134,13 +151,15 @@ class SQSPartition(InputPartition):
         self.budget = budget
         self.options = options
         self.info = info
+        self.marker = marker  # a local log's: the task refuses a folder without it
 
 
 class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: SourceOptions, info: QueueInfo) -> None:
+    def __init__(self, options: SourceOptions, info: QueueInfo, marker: str | None = None) -> None:
         # Pickled to the executors: threads, locks and clients are made on first use.
         self.options = options
         self.info = info
+        self.marker = marker
         self.available_now = False
         self._driver: _Driver | None = None
 
@@ -186,7 +205,7 @@ class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for i in range(self.options.num_partitions)
         ]
         planned = [
-            SQSPartition(seq, index, share, self.options, self.info)
+            SQSPartition(seq, index, share, self.options, self.info, self.marker)
             for seq in range(start["seq"] + 1, end["seq"] + 1)
             for index, share in enumerate(shares)
             if share > 0
@@ -208,14 +227,15 @@ class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, SQSPartition)
         slot = receive_or_replay(partition)
         if not any(is_offloaded(e.message_attributes) for e in slot.messages):
-            return (row(envelope) for envelope in slot.messages)
+            return (row(envelope, slot.received_at) for envelope in slot.messages)
         return _fetched_rows(slot, partition.options)
 
 
 def receive_or_replay(partition: SQSPartition) -> Slot:
     """The partition's messages: from the log when it was read before, else from SQS."""
     options = partition.options
-    wal = WriteAheadLog(options.wal_path)
+    wal = open_log(options.wal_path, options.region)
+    wal.confirm(partition.marker)  # a folder the driver does not see is refused
     logged = wal.read(partition.seq, partition.index)
     if logged is not None:
         return logged
@@ -223,31 +243,14 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
         partition.info, endpoint_url=options.endpoint_url, region=options.region
     )
     try:
-        received: list[Envelope] = []
-        # When the first receive that returned messages began (SQS's countdown of each
-        # message starts later): the driver dates every lease of the slot from it.
-        received_at: float | None = None
-        stop_at = math.inf
-        wait = options.wait_time_seconds
-        while len(received) < partition.budget and time.monotonic() < stop_at:
-            began, began_wall = time.monotonic(), time.time()
-            got = transport.receive(
-                min(MAX_BATCH, partition.budget - len(received)), wait, options.visibility_timeout
-            )
-            if not got:
-                break
-            if received_at is None:
-                received_at = began_wall
-                # The driver keeps the leases alive only once the log has them: stop
-                # receiving well before the first lease could run out.
-                stop_at = began + options.visibility_timeout / RECEIVE_SHARE
-            received += got
-            wait = 0  # long-poll for the first messages only
+        received_at, receipts = _receive(transport, options, partition.budget)
+        received = [envelope for _, envelope in receipts]
         ours = Slot(
             partition.seq,
             partition.index,
             time.time() if received_at is None else received_at,
             tuple(received),
+            tuple(began for began, _ in receipts),
         )
         recorded = wal.write(ours)
         if recorded is not ours and received:  # another attempt recorded this slot first
@@ -259,6 +262,58 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
         return recorded
     finally:
         transport.close()
+
+
+def _receive(
+    transport: SQSTransport, options: SourceOptions, budget: int
+) -> tuple[float | None, list[tuple[float, Envelope]]]:
+    """Up to ``budget`` messages: when the first receive that returned some began (wall
+    clock; None if none did), and each message with when its own receive began (the
+    driver dates each lease from it).
+
+    The first receive long-polls alone; then up to ``receivesInFlight`` receives are in
+    flight at once (so a partition is not capped at 10 messages a round trip), each asking for
+    what the budget has left, until the budget is spent, a receive comes back empty, or
+    a RECEIVE_SHARE of the visibility timeout has passed since that first receive began
+    (the driver keeps the leases alive only once the log has them, from half of it).
+    """
+    began, began_wall = time.monotonic(), time.time()
+    first = transport.receive(
+        min(MAX_BATCH, budget), options.wait_time_seconds, options.visibility_timeout
+    )
+    if not first:
+        return None, []
+    stop_at = began + options.visibility_timeout / RECEIVE_SHARE
+    received = [(began_wall, envelope) for envelope in first]
+    lock = threading.Lock()  # guards received, asked and done
+    asked = 0  # messages the receives under way ask for
+    done = False  # a receive came back empty, or failed: no more start
+
+    def receiver() -> None:
+        nonlocal asked, done
+        while True:
+            with lock:
+                want = min(MAX_BATCH, budget - len(received) - asked)
+                if done or want <= 0 or time.monotonic() >= stop_at:
+                    return
+                asked += want
+            when = time.time()
+            try:
+                got = transport.receive(want, 0, options.visibility_timeout)
+            except SQSWorkerError as exc:  # what was received so far is kept and logged
+                log.warning("a receive failed; the batch keeps what it has", error=str(exc))
+                got = []
+            with lock:
+                asked -= want
+                received.extend((when, envelope) for envelope in got)
+                done = done or not got
+
+    count = min(options.receives_in_flight, math.ceil((budget - len(received)) / MAX_BATCH))
+    if count > 0:
+        with ThreadPoolExecutor(count, thread_name_prefix="spark-sink-receive") as pool:
+            for running in [pool.submit(receiver) for _ in range(count)]:
+                running.result()
+    return began_wall, received
 
 
 def _fetched_rows(slot: Slot, options: SourceOptions) -> Iterator[tuple[Any, ...]]:
@@ -273,14 +328,16 @@ def _fetched_rows(slot: Slot, options: SourceOptions) -> Iterator[tuple[Any, ...
             try:
                 message.fetch_body(payloads)
             except PayloadMissing as exc:
-                yield row(envelope, error=str(exc))
+                yield row(envelope, slot.received_at, error=str(exc))
                 continue
-            yield row(envelope, body=message.body)
+            yield row(envelope, slot.received_at, body=message.body)
     finally:
         payloads.close()
 
 
-def row(envelope: Envelope, body: str | None = None, error: str | None = None) -> tuple[Any, ...]:
+def row(
+    envelope: Envelope, received_at: float, body: str | None = None, error: str | None = None
+) -> tuple[Any, ...]:
     attributes = dict(envelope.attributes)
     if error is not None:
         attributes[PAYLOAD_ERROR] = error
@@ -302,6 +359,7 @@ def row(envelope: Envelope, body: str | None = None, error: str | None = None) -
         attributes.get("MessageGroupId"),
         attributes.get("SequenceNumber"),
         attributes.get("MessageDeduplicationId"),
+        datetime.fromtimestamp(received_at, tz=UTC),
     )
 
 
@@ -319,16 +377,18 @@ class _Driver:
             self.transport, self.clock, _SourceLog("spark_sink"), senders=LEASE_SENDERS
         )
         self.keeper.start()
-        self.wal = WriteAheadLog(options.wal_path)
+        self.wal: WriteAheadLog = open_log(options.wal_path, options.region)
+        self.look_every = self.wal.look_every(options.visibility_timeout)
         self.planned = 0
-        # guards _held, _seen, _due and _committed across a whole adopt or commit, so a
-        # slot is never adopted into a batch that a commit already took
+        # guards _held, _seen, _due, _known and _committed across a whole adopt or commit,
+        # so a slot is never adopted into a batch that a commit already took
         self._lock = threading.RLock()
         self._held: dict[int, list[Held]] = {}  # seq -> its messages, leases kept
         self._seen: set[tuple[int, int]] = set()  # (seq, partition) slots handed to the keeper
-        # slots planned whose file is not seen yet -> until when to look for it often (a
-        # task that never writes its file, a query that failed, is given up on then)
+        # slots planned whose slot is not seen yet -> until when to look for it often (a
+        # task that never writes its slot, a query that failed, is looked for rarely then)
         self._due: dict[tuple[int, int], float] = {}
+        self._known: set[tuple[int, int]] = set()  # every slot that may be in the log
         self._committed = 0
         self._closing = False
         self._nudge = threading.Event()  # a slot was planned, or close() was called
@@ -336,6 +396,10 @@ class _Driver:
         # at a time, in order; settle() and close() wait for them.
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="spark-sink-commit")
         self._last_commit: Future[None] | None = None
+        # What an earlier driver of this query left: the one listing of the log.
+        with self._lock:
+            for slot in self.wal.slots():
+                self._adopt(slot)
         self._watcher = threading.Thread(target=self._watch, name="spark-sink-wal", daemon=True)
         self._watcher.start()
 
@@ -343,14 +407,22 @@ class _Driver:
         return self.transport.counts().visible
 
     def expect(self, slots: Iterable[tuple[int, int]]) -> None:
-        """Partitions planned: look for their files often until each is there."""
+        """Partitions planned: look for their slots often until each is there."""
         until = time.monotonic() + max(DUE_FOR, 2 * self.options.visibility_timeout)
         with self._lock:
-            self._due.update((key, until) for key in slots if key not in self._seen)
+            for key in slots:
+                self._known.add(key)
+                if key not in self._seen:
+                    self._due[key] = until
         self._nudge.set()
 
+    def looking_often(self) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            return any(until > now for until in self._due.values())
+
     def _watch(self) -> None:
-        # Each file is adopted within WATCH_DUE of being written, while its partition
+        # Each slot is adopted within look_every of being written, while its partition
         # runs: the executor dated its leases from its first receive, and they are due
         # for renewal half a visibility timeout from then.
         while not self._closing:
@@ -358,26 +430,39 @@ class _Driver:
                 self.adopt()
             except Exception:  # an unreadable log, a storage error: look again, and say so
                 log.exception("reading the write-ahead log failed; looking again")
-            with self._lock:
-                now = time.monotonic()
-                self._due = {key: until for key, until in self._due.items() if until > now}
-                due = bool(self._due)
-            self._nudge.wait(WATCH_DUE if due else WATCH_EVERY)
+            self._nudge.wait(self.look_every if self.looking_often() else WATCH_EVERY)
             self._nudge.clear()
 
     def adopt(self) -> None:
-        """Keep alive the leases of every logged slot not yet known."""
+        """Keep alive the leases of every planned slot written since the last look (read
+        by name: the log is not listed).
+
+        The watcher reads without the lock, so a slow store never holds up a commit; a
+        commit reads again under it (commit_through), and a slot found here after its
+        batch was committed is not adopted again (``_adopt``).
+        """
         with self._lock:
-            for slot in self.wal.slots(skip=self._seen):
-                key = (slot.seq, slot.partition)
-                self._due.pop(key, None)
-                if slot.seq <= self._committed:
-                    continue
-                self._seen.add(key)
-                # The keeper counts on its monotonic clock; the log says when, on the wall's.
-                received_at = self.clock.monotonic() - (self.clock.time() - slot.received_at)
-                held = self.keeper.add(slot.messages, received_at, self.options.visibility_timeout)
-                self._held.setdefault(slot.seq, []).extend(held)
+            wanted = [key for key in self._due if key[0] > self._committed]
+        if not wanted:
+            return
+        found = self.wal.find(wanted)
+        with self._lock:
+            for slot in found:
+                self._adopt(slot)
+
+    def _adopt(self, slot: Slot) -> None:
+        key = slot.key
+        self._due.pop(key, None)
+        self._known.add(key)
+        if slot.seq <= self._committed or key in self._seen:
+            return
+        self._seen.add(key)
+        # Each lease from when its own receive began (a partition that received nothing
+        # holds none). The keeper counts on its monotonic clock; the log on the wall's.
+        offset = self.clock.monotonic() - self.clock.time()
+        for began, envelopes in slot.leases():
+            held = self.keeper.add(envelopes, began + offset, self.options.visibility_timeout)
+            self._held.setdefault(slot.seq, []).extend(held)
 
     def commit_through(self, seq: int) -> None:
         """Delete every message of every batch up to ``seq``, then forget their log.
@@ -392,9 +477,11 @@ class _Driver:
             self.adopt()  # a slot written since the last look is committed too
             batches = [self._held.pop(s) for s in list(self._held) if s <= seq]
             self._due = {key: until for key, until in self._due.items() if key[0] > seq}
+            slots = {key for key in self._known if key[0] <= seq}
+            self._known -= slots
             self._committed = seq
             held = [h for batch in batches for h in batch]
-            self._last_commit = self._committer.submit(self._settle, seq, held)
+            self._last_commit = self._committer.submit(self._settle, seq, held, slots)
 
     def settle(self) -> None:
         """Wait until every commit so far has its deletes answered and its log gone."""
@@ -403,7 +490,7 @@ class _Driver:
         if last is not None:
             last.result()
 
-    def _settle(self, seq: int, held: list[Held]) -> None:
+    def _settle(self, seq: int, held: list[Held], slots: set[tuple[int, int]]) -> None:
         try:
             unsent = self.keeper.delete_now(held, DELETE_TIMEOUT)
         except Exception:  # the log stays: a restarted driver deletes from it
@@ -416,8 +503,12 @@ class _Driver:
                 batch_id=seq - 1,
             )
         # The log goes once SQS answered: a driver restarted before then deletes from it.
+        try:
+            self.wal.drop(slots)
+        except Exception:  # left behind: a restarted driver deletes again, and drops them
+            log.exception("removing committed slots of the write-ahead log failed")
+            return
         with self._lock:
-            self.wal.drop_through(seq)
             self._seen = {key for key in self._seen if key[0] > seq}
 
     def close(self) -> None:
@@ -432,7 +523,8 @@ class _Driver:
 
 class _SourceLog(LogObserver):
     """The worker's log lines, said as they apply to a batch: delivery is at least once,
-    and ``write_once`` (or any sink keyed by message id) drops what comes twice."""
+    and the pipeline's dropDuplicatesWithinWatermark(["message_id"]) (or any sink keyed
+    by message id) drops what comes twice."""
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         if will_retry:
@@ -442,18 +534,20 @@ class _SourceLog(LogObserver):
             # Some servers delete on a stale receipt handle, some do not.
             self._for(message).warning(
                 "delete of a committed message not confirmed: its lease was lost, so it "
-                "may not have been deleted; if it comes again, write_once drops it",
+                "may not have been deleted; if it comes again, the pipeline drops it by its "
+                "message_id",
                 reason=reason,
             )
             return
         self._for(message).error(
-            "delete of a committed message failed: SQS will deliver it again; write_once drops it",
+            "delete of a committed message failed: SQS will deliver it again; the pipeline "
+            "drops it by its message_id",
             reason=reason,
         )
 
     def lease_lost(self, message: Message, reason: str) -> None:
         self._for(message).warning(
             "lease lost: another consumer may receive this message; if it comes again, "
-            "write_once drops it",
+            "the pipeline drops it by its message_id",
             reason=reason,
         )

@@ -21,6 +21,8 @@ from pyspark.sql import SparkSession
 
 from spark_sink import SQSDataSource
 
+from .cluster import StandaloneCluster
+
 
 @pytest.fixture(scope="session")
 def spark(local_sqs: LocalSQS) -> Iterator[SparkSession]:
@@ -49,6 +51,16 @@ def spark(local_sqs: LocalSQS) -> Iterator[SparkSession]:
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """A Spark standalone master and two one-core workers, once per session."""
+    running = StandaloneCluster(tmp_path_factory.mktemp("cluster")).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
 @pytest.fixture
 def aws(local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch) -> LocalSQS:
     """This process's own boto3 clients point at moto too."""
@@ -74,3 +86,30 @@ def drain(queue: Transport) -> list[str]:
 
 def files(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+
+
+def slot_files(path: Path) -> list[str]:
+    """The write-ahead log's slots in a local ``walPath`` (its driver markers left out)."""
+    return [name for name in files(path) if not name.startswith("_drivers/")]
+
+
+def s3_bucket() -> str:
+    """A new bucket on moto's S3 (this process's clients point there: the aws fixture)."""
+    import boto3
+
+    bucket = unique("wal")
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=bucket)
+    client.close()
+    return bucket
+
+
+def s3_keys(bucket: str, prefix: str = "") -> list[str]:
+    import boto3
+
+    client = boto3.client("s3")
+    try:
+        answer = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
+        return sorted(item["Key"] for item in answer.get("Contents", []))
+    finally:
+        client.close()

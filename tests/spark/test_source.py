@@ -12,17 +12,20 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from structlog.testing import capture_logs
 
-from spark_sink import read_output, source, write_once
+from spark_sink import source
 from spark_sink.options import SourceOptions
 from spark_sink.source import _Driver
-from spark_sink.wal import Slot, WriteAheadLog
+from spark_sink.wal import LocalLog, Slot
 from sqsworker.local import LocalSQS
 from sqsworker.transports import Transport, send_all
+from sqsworker.transports.sqs import SQSTransport
 
 from ..conftest import wait_until
 from ..faults.proxy import FaultProxy
-from .conftest import files, make_queue
+from .conftest import make_queue, s3_bucket, s3_keys, slot_files
+from .output import read_output, write_once
 
 pytestmark = pytest.mark.spark
 
@@ -32,13 +35,15 @@ def run(
     queue: Transport,
     tmp_path: Path,
     sink: Callable[[DataFrame, int], None],
+    wal: str | None = None,
     **options: str,
 ) -> None:
-    """One AvailableNow run of the query; raises what the query raised."""
+    """One AvailableNow run of the query (its log in ``wal``, else a folder of
+    ``tmp_path``); raises what the query raised."""
     stream = (
         spark.readStream.format("sqs")
         .option("queue", queue.info.url)
-        .option("walPath", str(tmp_path / "wal"))
+        .option("walPath", wal or str(tmp_path / "wal"))
         .option("waitTimeSeconds", "0")
         .options(**options)
         .load()
@@ -60,23 +65,30 @@ def output_ids(spark: SparkSession, path: Path) -> list[str]:
     return [] if output is None else [r.message_id for r in output.select("message_id").collect()]
 
 
+@pytest.mark.parametrize("place", ["local", "s3"])
 def test_every_message_is_written_once_and_deleted(
-    spark: SparkSession, aws: LocalSQS, tmp_path: Path
+    spark: SparkSession, aws: LocalSQS, tmp_path: Path, place: str
 ) -> None:
     queue = make_queue(aws, "orders")
+    bucket = s3_bucket() if place == "s3" else None
+    wal = f"s3://{bucket}/orders/wal" if bucket else None
     # Three batches; 1,000 messages took close to the 120 s test limit on moto's server.
     sent = send_all(queue, [f'{{"order": {i}}}' for i in range(500)])
-    run(spark, queue, tmp_path, write_once(str(tmp_path / "out")), maxMessagesPerBatch="200")
+    out = write_once(str(tmp_path / "out"))
+    run(spark, queue, tmp_path, out, wal=wal, maxMessagesPerBatch="200")
     ids = output_ids(spark, tmp_path / "out")
     assert len(ids) == 500 and set(ids) == set(sent)
     assert queue.counts().total == 0  # every message deleted once its batch committed
-    assert files(tmp_path / "wal") == []  # and the log of each batch cleaned up
+    # and the log of each batch cleaned up
+    assert (s3_keys(bucket) if bucket else slot_files(tmp_path / "wal")) == []
 
 
+@pytest.mark.parametrize("place", ["local", "s3"])
 def test_a_failed_query_restarted_from_its_checkpoint_loses_and_repeats_nothing(
-    spark: SparkSession, aws: LocalSQS, tmp_path: Path
+    spark: SparkSession, aws: LocalSQS, tmp_path: Path, place: str
 ) -> None:
     queue = make_queue(aws, "orders")
+    wal = f"s3://{s3_bucket()}/orders/wal" if place == "s3" else None
     sent = send_all(queue, [f'{{"order": {i}}}' for i in range(120)])
     write = write_once(str(tmp_path / "out"))
     failures = {1: "after", 2: "before"}  # batch id -> fail after or before writing it
@@ -92,8 +104,8 @@ def test_a_failed_query_restarted_from_its_checkpoint_loses_and_repeats_nothing(
     options = {"maxMessagesPerBatch": "30", "visibilityTimeout": "3"}
     for _ in range(2):  # each run stops at its failure; the restart replays that batch
         with pytest.raises(StreamingQueryException, match="fails"):
-            run(spark, queue, tmp_path, flaky, **options)
-    run(spark, queue, tmp_path, flaky, **options)
+            run(spark, queue, tmp_path, flaky, wal=wal, **options)
+    run(spark, queue, tmp_path, flaky, wal=wal, **options)
     ids = output_ids(spark, tmp_path / "out")
     assert sorted(ids) == sorted(sent)  # each once: nothing lost, nothing twice
     assert queue.counts().total == 0
@@ -102,22 +114,29 @@ def test_a_failed_query_restarted_from_its_checkpoint_loses_and_repeats_nothing(
 def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
     spark: SparkSession, aws: LocalSQS, tmp_path: Path
 ) -> None:
-    """20 ms a request, a 2 s visibility timeout, 6 s batches, two partitions.
+    """20 ms a request, a 2 s visibility timeout, 6 s batches, one partition taking
+    hundreds of messages a batch.
 
     A partition receives for up to 2/3 s, so the first leases are a third through
     before the log has them; the driver must date them from the first receive, adopt
-    them at once and renew a few hundred together. (Before, in a run like this with
-    waitTimeSeconds 1, now refused with this timeout, another consumer received 10.)
+    them at once and renew a few hundred together, again every second while the
+    batch runs.
     """
     queue = make_queue(aws, "orders")
-    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(200)])
+    # Hundreds in one partition: as many as moto's server here renews every second
+    # (each renewal scans the queue) with the CPU the rest of the test leaves it.
+    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(300)])
     other = queue.open(queue.info.url)  # straight to the server: it polls without latency
     read: set[str] = set()  # the ids of every batch the query has read so far
     stolen: list[str] = []  # of them, those the other consumer received
     write = write_once(str(tmp_path / "out"))
 
+    sizes: list[int] = []
+
     def slow(batch: DataFrame, batch_id: int) -> None:
-        read.update(r.message_id for r in batch.select("message_id").collect())
+        ids = [r.message_id for r in batch.select("message_id").collect()]
+        sizes.append(len(ids))
+        read.update(ids)
         tick = threading.Event()
         for _ in range(60):  # 6 s: three times the visibility timeout
             tick.wait(0.1)
@@ -138,11 +157,12 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
             tmp_path,
             slow,
             endpointUrl=proxy.url,
-            numPartitions="2",
+            numPartitions="1",
             visibilityTimeout="2",
         )
     finally:
         proxy.stop()
+    assert max(sizes) >= 200  # hundreds of leases a partition, renewed together
     assert stolen == []  # another consumer saw none of them while their batch ran
     assert sorted(output_ids(spark, tmp_path / "out")) == sorted(sent)
     assert queue.counts().total == 0
@@ -155,9 +175,7 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
     # holds its slot. Its deletes are held up on the way: the log stays until answered.
     queue = make_queue(aws, "orders")
     send_all(queue, [f'{{"order": {i}}}' for i in range(10)])
-    WriteAheadLog(str(tmp_path / "wal")).write(
-        Slot(1, 0, time.time(), tuple(queue.receive(10, 0, 30)))
-    )
+    LocalLog(str(tmp_path / "wal")).write(Slot(1, 0, time.time(), tuple(queue.receive(10, 0, 30))))
     proxy = FaultProxy(aws.endpoint_url).start()
     options = SourceOptions.parse(
         {"queue": queue.info.url, "walPath": str(tmp_path / "wal"), "endpointUrl": proxy.url}
@@ -168,20 +186,88 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
         committing = threading.Thread(target=driver.commit_through, args=(1,))
         committing.start()
         wait_until(lambda: proxy.injected["stall"] > 0, what="a delete under way")
-        assert files(tmp_path / "wal") == ["000000000001/part-00000.json"]
+        assert slot_files(tmp_path / "wal") == ["000000000001/part-00000.json"]
         committing.join()
     finally:
         driver.close()
         proxy.stop()
     assert queue.counts().total == 0
-    assert files(tmp_path / "wal") == []
+    assert slot_files(tmp_path / "wal") == []
+
+
+class CountingReceives(FaultProxy):
+    """moto's server behind latency; counts the ReceiveMessage calls under way at once."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.under_way = 0
+        self.most = 0
+        self._counting = threading.Lock()
+
+    def _handle(self, request: Any) -> None:
+        receive = request.headers.get("X-Amz-Target", "").endswith(".ReceiveMessage")
+        if receive:
+            with self._counting:
+                self.under_way += 1
+                self.most = max(self.most, self.under_way)
+        try:
+            super()._handle(request)
+        finally:
+            if receive:
+                with self._counting:
+                    self.under_way -= 1
+
+
+def test_a_partition_keeps_several_receives_in_flight_within_its_budget(aws: LocalSQS) -> None:
+    queue = make_queue(aws, "orders")
+    sent = send_all(queue, [f'{{"order": {i}}}' for i in range(300)])
+    proxy = CountingReceives(aws.endpoint_url).start()
+    proxy.set(latency=0.02)
+    options = SourceOptions.parse(
+        {"queue": queue.info.url, "walPath": "/unused", "waitTimeSeconds": "0"}
+    )
+    transport = SQSTransport.reopen(queue.info, endpoint_url=proxy.url)
+    try:
+        received_at, received = source._receive(transport, options, 205)
+    finally:
+        transport.close()
+        proxy.stop()
+    assert received_at is not None and received_at == min(began for began, _ in received)
+    ids = [e.message_id for _, e in received]
+    assert len(ids) == 205 and len(set(ids)) == 205 and set(ids) <= set(sent)  # the budget
+    assert 1 < proxy.most <= options.receives_in_flight  # not one round trip at a time
+    assert queue.counts().visible == 95  # none received beyond it
+
+
+def test_a_partition_that_received_nothing_is_committed_with_the_others(
+    aws: LocalSQS, tmp_path: Path
+) -> None:
+    # A partition's slot with no message beside one with messages: the driver keeps
+    # the one's leases, commits both, and says nothing went wrong.
+    queue = make_queue(aws, "orders")
+    send_all(queue, [f'{{"order": {i}}}' for i in range(10)])
+    wal = LocalLog(str(tmp_path / "wal"))
+    wal.write(Slot(1, 0, time.time(), ()))
+    wal.write(Slot(1, 1, time.time(), tuple(queue.receive(10, 0, 30))))
+    options = SourceOptions.parse({"queue": queue.info.url, "walPath": str(tmp_path / "wal")})
+    with capture_logs() as logs:
+        driver = _Driver(options, queue.info)
+        try:
+            driver.expect([(1, 0), (1, 1)])
+            driver.commit_through(1)
+            driver.settle()
+        finally:
+            driver.close()
+    assert [line["event"] for line in logs if line["log_level"] == "error"] == []
+    assert queue.counts().total == 0
+    assert slot_files(tmp_path / "wal") == []
 
 
 def test_the_driver_stops_looking_often_for_a_file_never_written(
     aws: LocalSQS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A task that dies before writing its slot, a query that fails: the watcher looks
-    # every WATCH_DUE only for a while, then every WATCH_EVERY.
+    # for it often only for a while, then every WATCH_EVERY.
     monkeypatch.setattr(source, "DUE_FOR", 0.0)  # the while: twice the visibility timeout
     queue = make_queue(aws, "orders")
     options = SourceOptions.parse(
@@ -195,8 +281,8 @@ def test_the_driver_stops_looking_often_for_a_file_never_written(
     driver = _Driver(options, queue.info)
     try:
         driver.expect([(1, 0)])
-        assert driver._due
-        wait_until(lambda: not driver._due, what="the planned slot given up on")
+        assert driver.looking_often()
+        wait_until(lambda: not driver.looking_often(), what="the planned slot looked for rarely")
         driver.wal.write(Slot(1, 0, time.time(), ()))
         wait_until(lambda: (1, 0) in driver._seen, what="a late file still adopted")
     finally:
@@ -209,6 +295,11 @@ def test_the_driver_stops_looking_often_for_a_file_never_written(
         ({"walPath": "/tmp/w"}, "the sqs option 'queue' is missing"),
         ({"queue": "QUEUE"}, "the sqs option 'walPath' is missing"),
         ({"queue": "no-such-queue", "walPath": "/tmp/w"}, "queue 'no-such-queue' does not exist"),
+        ({"queue": "QUEUE", "walPath": "wal"}, "got 'wal', a relative path"),
+        (
+            {"queue": "QUEUE", "walPath": "s3://no-such-bucket-here/wal"},
+            "names a bucket that does not exist",
+        ),
         (
             {"queue": "QUEUE", "walPath": "/tmp/w", "visibilityTimeout": "50000"},
             "'visibilityTimeout' must be from 1 to 43200; got 50000",

@@ -1,4 +1,9 @@
-"""Exactly-once output: ``foreachBatch(write_once(path))``.
+"""A test sink on local disk: ``foreachBatch(write_once(path))``, each message once.
+
+The tests that inject failures into a batch's sink (``foreachBatch``) write through
+this. It reads and writes with ``pathlib``: local disk only, so it is no part of
+spark_sink's API; a pipeline uses Spark's file sink after
+``dropDuplicatesWithinWatermark(["message_id"])`` (docs/spark.md).
 
 The source delivers at least once: a restart replays a batch, and a message
 whose lease lapsed may come again in a later batch. ``write_once`` writes each
