@@ -79,6 +79,10 @@ class Observer:
     def handler_skipped(self, message: Message, reason: str) -> None:
         """A held message was not run (its lease was lost while it waited)."""
 
+    def step_failed_settled(self, message: Message, error: BaseException) -> None:
+        """A step of the worker's own raised after the message was settled (its delete or
+        return queued): it goes as decided; the error is reported, nothing more."""
+
     def dead_letter_notes_cut(self, message: Message, notes: Sequence[str]) -> None:
         """The dead-letter copy of a rejected message cut or left out these notes (message
         attributes) to fit the dead-letter queue's size limit."""
@@ -263,6 +267,9 @@ class Tally(Observer):
 
     def rejected_copy_refused(self, message: Message, error: BaseException, reason: str) -> None:
         self._add("rejected")
+
+    def step_failed_settled(self, message: Message, error: BaseException) -> None:
+        self._add("worker_errors")
 
     def step_failed(
         self, message: Message, error: BaseException, retry_in: float, last_attempt: bool

@@ -157,7 +157,14 @@ def derive(policy: KeyPolicy, message: Message) -> str:
     """The message's key by ``policy``: ``IdempotencyKeyError`` (a ``Reject``) whatever the
     cause when it cannot be had, so no body a producer sends makes a key raise anything else."""
     try:
-        return policy(message)
+        key = policy(message)
+        key.encode()  # a lone surrogate (JSON's "\ud800") is no text a store can hold
+        return key
+    except UnicodeEncodeError:
+        raise IdempotencyKeyError(
+            f"the idempotency key {policy} of message {message.message_id} is not valid "
+            "Unicode text (it holds a lone surrogate), so no store can hold it"
+        ) from None
     except IdempotencyKeyError:
         raise
     except Exception as exc:

@@ -306,6 +306,13 @@ class LogObserver(Observer):
             reason=reason,
         )
 
+    def step_failed_settled(self, message: Message, error: BaseException) -> None:
+        self._for(message).error(
+            "a step of the worker's own failed after the message was settled; it goes as decided",
+            error=_error(error),
+            exc_info=self._trace_once(error),
+        )
+
     def step_failed(
         self, message: Message, error: BaseException, retry_in: float, last_attempt: bool
     ) -> None:

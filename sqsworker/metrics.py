@@ -253,7 +253,7 @@ class Metrics(Observer):
     def handler_started(self, message: Message) -> None:
         self._receive_count.observe(message.receive_count)
         sent = message.attributes.get("SentTimestamp")  # milliseconds: no datetime per message
-        if sent and sent.isdigit() and len(sent) < 20:  # another server may send no number
+        if sent and sent.isascii() and sent.isdigit() and len(sent) < 20:  # or no number
             self._age.observe(max(0.0, self.clock.time() - int(sent) / 1000))
 
     def handler_succeeded(self, message: Message, duration: float) -> None:
@@ -298,6 +298,9 @@ class Metrics(Observer):
 
     def rejected_copy_refused(self, message: Message, error: BaseException, reason: str) -> None:
         self.f.messages_rejected.labels(**self.labels, exception=type(error).__name__).inc()
+
+    def step_failed_settled(self, message: Message, error: BaseException) -> None:
+        self.f.worker_errors.labels(**self.labels, exception=type(error).__name__).inc()
 
     def step_failed(
         self, message: Message, error: BaseException, retry_in: float, last_attempt: bool

@@ -284,17 +284,18 @@ class RemoveAfterDelete(Observer):
 
     def delete_failed(self, message: Message, reason: str, will_retry: bool) -> None:
         if not will_retry:  # the message may come again: it needs its body
-            self._forget(message)
+            self.forget(message)
 
     def lease_lost(self, message: Message, reason: str) -> None:
-        self._forget(message)
+        self.forget(message)
 
     def deleted_after_lease_lost(self, message: Message) -> None:
         # SQS may have delivered it again meanwhile: its body now belongs to whoever holds
         # that delivery, so it stays in S3, and is forgotten here.
-        self._forget(message)
+        self.forget(message)
 
-    def _forget(self, message: Message) -> None:
+    def forget(self, message: Message) -> None:
+        """Its body stays: the message comes back (or may)."""
         with self._lock:
             self._expected.pop(message, None)
 

@@ -61,6 +61,7 @@ BURST_WAIT = 1  # long-poll seconds in burst mode: an empty queue ends the run p
 MAX_POLLS = 32  # receives under way at once, at most
 DEFAULT_BATCH_SIZE = 10  # a batch handler's, when nothing sets --batch-size
 MAX_BATCH_SLOTS = 10_000  # concurrency x batch size, at most
+MAX_DEFERRED = 1_000  # duplicates held for a busy key without taking room, at least
 
 
 class _Step(enum.Enum):
@@ -128,9 +129,10 @@ class Worker:
         # while must not let held messages pile up.
         self.unanswered = MAX_BATCH * self.senders
         # Duplicates held while their key is busy elsewhere take no room from runnable
-        # messages, up to this many; past it a busy key's duplicate goes back to the queue
-        # until the key is free (kept, taking room, only on its last attempt).
-        self.max_deferred = max(MAX_BATCH, self.slots)
+        # messages, up to this many (past it, each takes room as a waiting message does).
+        # Held, not returned: a return would use up one of its receives, and a healthy
+        # duplicate must never reach the dead-letter queue.
+        self.max_deferred = max(MAX_DEFERRED, 10 * self.slots)
         self.held_bound = self.capacity + self.max_deferred + self.unanswered
 
         self._stopping = threading.Event()  # set once: no more receives
@@ -400,8 +402,6 @@ class Worker:
             while self._pollers_alive:
                 self.clock.wait(self._slots, None)
             returned, self._returned_at_stop = self._returned_at_stop, []
-            failed, self._failed_attempts = self._failed_attempts, []
-        returned += self._receive_again(failed)
 
         # 3. Hand back the received-but-unstarted messages, and what those polls
         #    returned: visible to others at once. Only now: a poll of ours still under
@@ -433,28 +433,6 @@ class Worker:
         self.payloads.close(timeout=max(0.0, deadline - self.clock.monotonic()))
         self.observer.shutdown_finished(clean, self.keeper.handed_back_count, unsettled)
         return 0 if clean else 1
-
-    def _receive_again(self, attempt_ids: list[str]) -> list[Held]:
-        """FIFO receives that failed and were not retried before the stop: SQS may have
-        hidden their messages all the same (the answer lost), blocking their groups for a
-        visibility timeout. A receive with the same attempt id returns those messages, to
-        be handed back at once. Best effort: one try each."""
-        assert self.keeper is not None
-        again: list[Held] = []
-        for attempt_id in attempt_ids:
-            began = self.clock.monotonic()
-            try:
-                envelopes = self.transport.receive(
-                    MAX_BATCH, 0, self.config.visibility_timeout, attempt_id
-                )
-            except Exception as exc:
-                self.observer.receive_failed(_as_transport_error(exc), 0.0)
-                continue
-            if envelopes:
-                held = self.keeper.add(envelopes, began, self.config.visibility_timeout)
-                self.observer.received([h.message for h in held])
-                again += held
-        return again
 
     # -- the receive thread --------------------------------------------------------------
 
@@ -663,14 +641,20 @@ class Worker:
         try:
             while batch := self._collect():
                 finished: list[Held] = []
+                kept: list[Held] = []  # deferred to look at again: no longer this batch's
                 began = self.clock.monotonic()
                 try:
-                    finished = self._run_batch(batch)
+                    finished = self._run_batch(batch, kept)
                 except BaseException as exc:
-                    finished = batch  # a fault of the worker's own: settle what it holds
-                    with self._slots:  # any deferred meanwhile is settled here, once
+                    # A fault of the worker's own: settle what the batch still holds. One
+                    # it deferred is still its own while among the deferred; one another
+                    # thread took from there since is that thread's.
+                    with self._slots:
+                        deferred = {id(h) for _, h in self._deferred}
+                        gone = [h for h in kept if id(h) not in deferred]
                         self._deferred = [(d, h) for d, h in self._deferred if h not in batch]
-                    for held in batch:
+                    finished = [held for held in batch if held not in gone]
+                    for held in finished:
                         if not isinstance(exc, Exception):
                             self._fault_returns(held)
                         elif held.outcome is None:  # each one's failure; the thread goes on
@@ -729,16 +713,16 @@ class Worker:
                 return [deferred]
         return self._pending.take_run(limit)
 
-    def _run_batch(self, batch: list[Held]) -> list[Held]:
+    def _run_batch(self, batch: list[Held], kept: list[Held]) -> list[Held]:
         """Run the batch handler on ``batch`` and settle each message; what is finished
-        (all but those deferred to look at again: their key is busy elsewhere)."""
+        (all but those deferred to look at again, put in ``kept``: their key is busy
+        elsewhere)."""
         assert self.keeper is not None
         fifo = isinstance(self._pending, Lanes)
         started = self.clock.monotonic()
         messages = [held.message for held in batch]
         with tracing.consuming_batch(self.tracer, messages):
             ready: list[Held] = []
-            kept: list[Held] = []
             behind: list[Held] = []
             # FIFO: a group stops at a message that did not go; those after it in the
             # batch must not run before it, and go back behind it.
@@ -984,21 +968,33 @@ class Worker:
         body, deriving or claiming its key, settling its outcome. Whether a bug of ours or
         input no step could read, it is that message's failure, never its thread's: its
         claim released, returned after a backoff (--backoff-max when the backoff is what
-        failed), reported and counted; on its last attempt SQS dead-letters it."""
+        failed), reported and counted; on its last attempt SQS dead-letters it. A message
+        already on its way out (its delete or return queued) goes as decided."""
         assert self.keeper is not None
         message = held.message
+        with self._slots:  # deferred before the step failed: settled here, once
+            self._deferred = [(due, h) for due, h in self._deferred if h is not held]
+        if held.outcome is not None:
+            self.observer.step_failed_settled(message, error)
+            return
+        if self._remover is not None:
+            self._remover.forget(message)  # it comes back: its body is needed
         self._release_claim(message)
-        last = False
-        try:
-            last = self._last_attempt(message)
-            delay = 0.0 if last else self.backoff.delay(message.receive_count)
-        except Exception:
-            delay = self.config.backoff_max
-        if held.outcome is None:  # not already on its way out (a delete or return queued)
-            self.keeper.release(held, delay, "worker error")
+        last, delay = self._retry_in(message)
+        self.keeper.release(held, delay, "worker error")
         with contextlib.suppress(Exception):  # the span is a nicety; the thread goes on
             self._traced(message, "failed", error, retry_in=delay, last_attempt=last)
         self.observer.step_failed(message, error, delay, last)
+
+    def _retry_in(self, message: Message) -> tuple[bool, float]:
+        """Whether this is the message's last attempt, and the seconds before it comes
+        back: none on its last attempt (SQS moves it on its next receive), else its
+        backoff, or --backoff-max when the backoff itself fails."""
+        try:
+            last = self._last_attempt(message)
+            return last, 0.0 if last else self.backoff.delay(message.receive_count)
+        except Exception:
+            return False, self.config.backoff_max
 
     def _prepare(self, held: Held, started: float, keep: bool = True) -> _Step:
         """What comes before the handler (``_steps_before``); a step that raises is the
@@ -1016,7 +1012,9 @@ class Worker:
         assert self.keeper is not None
         message = held.message
         if message.message_id in self._refused_copies:
-            self.keeper.release(held, 0, "its dead-letter copy was refused")
+            self.keeper.release(
+                held, self._retry_in(message)[1], "its dead-letter copy was refused"
+            )
             return _Step.DONE
         if is_offloaded(message.raw_message_attributes):
             try:
@@ -1129,22 +1127,15 @@ class Worker:
                 self._traced(message, "deferred", retry_in=retry_in)
                 self.observer.duplicate_deferred(message, retry_in)
                 return None
-            last = self._last_attempt(message)
             with self._slots:
                 closing = self._closing  # shutdown took the deferred ones already
-                full = len(self._deferred) >= self.max_deferred and not last
-                if not closing and not full:
+                if not closing:
                     self.keeper.defer(held)
                     self._deferred.append((self.clock.monotonic() + retry_in, held))
                     self._runnable.notify()  # a waiting handler thread looks at its due time
                     self._slots.notify_all()  # it takes no room now: receives may go on
             if closing:
                 self.keeper.hand_back([held])
-                return None
-            if full:  # held, it would take the room of a runnable message
-                self.keeper.release(held, retry_in, "its idempotency key is in progress elsewhere")
-                self._traced(message, "deferred", retry_in=retry_in)
-                self.observer.duplicate_deferred(message, retry_in)
                 return None
             self._traced(message, "deferred", retry_in=retry_in)
             self.observer.duplicate_deferred(message, retry_in)
@@ -1256,13 +1247,13 @@ class Worker:
                 # own redrive moves it after maxReceiveCount receives. Until then this
                 # worker returns it unrun whenever it comes.
                 self._refused_copies.add(message.message_id)
-                self.keeper.release(held, 0, "its dead-letter copy was refused")
+                last, retry_in = self._retry_in(message)
+                self.keeper.release(held, retry_in, "its dead-letter copy was refused")
                 self._traced(message, "rejected", exc, dead_letter_copy_refused=str(error))
                 self.observer.rejected_copy_refused(message, exc, str(error))
                 return
             self.observer.request_failed("SendMessageBatch", _as_transport_error(error))
-            last = self._last_attempt(message)
-            retry_in = 0.0 if last else self.backoff.delay(message.receive_count)
+            last, retry_in = self._retry_in(message)
             self.keeper.release(held, retry_in, "retry")
             self._traced(message, "failed", error, retry_in=retry_in, last_attempt=last)
             self.observer.rejected_copy_failed(message, exc, duration, retry_in, last)

@@ -614,6 +614,9 @@ class Recorder(Observer):
     ) -> None:
         self._trouble(message, "worker error")
 
+    def step_failed_settled(self, message: Message, error: BaseException) -> None:
+        self._trouble(message, "worker error after settling")
+
     def rejected_copy_refused(self, message: Message, error: BaseException, reason: str) -> None:
         self._trouble(message, "rejected, copy refused")
 

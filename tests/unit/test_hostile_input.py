@@ -489,48 +489,6 @@ def test_a_handled_message_whose_delete_never_went_is_counted_not_deleted(
     assert rig.count("not_deleted") == 1
 
 
-# -- review suspicion (b): a FIFO receive whose answer was lost as the stop began ----------
-
-
-def test_a_fifo_receive_lost_at_the_stop_is_received_again_and_handed_back(
-    memory: MemorySQS, clock: FakeClock
-) -> None:
-    """SQS hid the messages of a receive whose answer was lost; the stop began meanwhile,
-    so no later receive reuses its attempt id. Shutdown does, and hands them back: their
-    groups are not blocked for a visibility timeout."""
-    from sqsworker.errors import TransportError
-
-    rig: Rig
-
-    class LosesAnswerAtStop:
-        def __init__(self, inner: MemoryTransport) -> None:
-            self.inner = inner
-            self.lost = False
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
-        def receive(self, *args: Any, **kwargs: Any) -> list[Envelope]:
-            got = self.inner.receive(*args, **kwargs)
-            if got and not self.lost:
-                self.lost = True
-                rig.worker.request_stop()  # SIGTERM while the answer was on its way
-                raise TransportError("ReceiveMessage: connection reset", retryable=True)
-            return got
-
-    rig = Rig(memory, clock, lambda m: None, queue="jobs.fifo", queue_attributes={})
-    rig.worker._transport = LosesAnswerAtStop(memory.transport("jobs.fifo"))  # type: ignore[assignment]
-    send_all(
-        rig.queue,
-        [OutgoingMessage(f"m{i}", group_id="g", deduplication_id=f"m{i}") for i in range(3)],
-    )
-    rig.worker.start()
-    assert rig.stop() == 0
-    counts = memory.counts("jobs.fifo")
-    assert counts.in_flight == 0 and counts.visible == 3, counts
-    assert rig.count("handed_back") == 3
-
-
 @pytest.mark.parametrize("sent", ["", "soon", "9" * 30, "-1" * 5, "1" * 5000])
 def test_an_absurd_sent_timestamp_reads_as_none_and_breaks_no_metric(
     sent: str, memory: MemorySQS, clock: FakeClock
