@@ -429,8 +429,10 @@ class Worker:
         self.transport.close()
         if self.idempotency:  # a store call still under way at the deadline is left to end
             self.idempotency.close(deadline=max(deadline, self.clock.monotonic() + 5.0))
-        # The removals of offloaded bodies asked for (one request each), until the deadline.
-        self.payloads.close(timeout=max(0.0, deadline - self.clock.monotonic()))
+        # The removals of offloaded bodies asked for (one request each), until the deadline,
+        # and those the final deletes just asked for at least as long as a flush may take.
+        grace = min(5.0, self.config.shutdown_timeout)
+        self.payloads.close(timeout=max(grace, deadline - self.clock.monotonic()))
         self.observer.shutdown_finished(clean, self.keeper.handed_back_count, unsettled)
         return 0 if clean else 1
 
