@@ -83,6 +83,9 @@ class Held:
         self.busy = False  # a call about its receipt handle is under way
         self.renewing = False  # a renewal of it is queued or under way
         self.renewal_wanted = False  # extend() asked for a renewal not sent yet
+        # Times the worker set it aside (its idempotency key busy elsewhere): a thread whose
+        # step fails after that no longer owns it, once another thread took it back.
+        self.deferrals = 0
         self.message = Message(envelope, keeper.transport.info.name, self)
 
     # -- the Lease protocol ------------------------------------------------------

@@ -623,12 +623,15 @@ class Worker:
             while (held := self._next()) is not None:
                 kept = False
                 began = self.clock.monotonic()
+                deferrals = held.deferrals
                 try:
                     kept = self._process(held)
                 except Exception as exc:  # a step of ours failed: the message's failure
-                    self._contain(held, began, exc)
+                    kept = not self._contain(held, began, exc, deferrals)
                 except BaseException:
-                    self._fault_returns(held)
+                    kept = not self._reclaim(held, deferrals)
+                    if not kept:
+                        self._fault_returns(held)
                     raise
                 finally:
                     if not kept:
@@ -898,17 +901,21 @@ class Worker:
         """``_work`` for one message of a coroutine handler, on the event loop."""
         kept = False
         began = self.clock.monotonic()
+        deferrals = held.deferrals
         try:
             kept = await self._process_async(held)
         except asyncio.CancelledError:
             raise  # at the shutdown's timeout: the message was handed back already
         except Exception as exc:  # a step of ours failed: the message's failure
             if self.idempotency is not None:  # releasing its claim calls the store
-                await self._loop_runner.offload(self._contain, held, began, exc)  # type: ignore[union-attr]
+                offload = self._loop_runner.offload  # type: ignore[union-attr]
+                kept = not await offload(self._contain, held, began, exc, deferrals)
             else:
-                self._contain(held, began, exc)
+                kept = not self._contain(held, began, exc, deferrals)
         except BaseException:
-            self._fault_returns(held)
+            kept = not self._reclaim(held, deferrals)
+            if not kept:
+                self._fault_returns(held)
             raise
         finally:
             if not kept:
@@ -965,20 +972,25 @@ class Worker:
 
     # -- containment: no message can stop a worker ------------------------------------------
 
-    def _contain(self, held: Held, started: float, error: Exception) -> None:
+    def _contain(
+        self, held: Held, started: float, error: Exception, deferrals: int | None = None
+    ) -> bool:
         """A step of the worker's own around the handler raised: fetching or reading the
         body, deriving or claiming its key, settling its outcome. Whether a bug of ours or
         input no step could read, it is that message's failure, never its thread's: its
         claim released, returned after a backoff (--backoff-max when the backoff is what
         failed), reported and counted; on its last attempt SQS dead-letters it. A message
-        already on its way out (its delete or return queued) goes as decided."""
+        already on its way out (its delete or return queued) goes as decided, and one
+        another thread or the shutdown took since this one set it aside is theirs: both are
+        only reported. True when the message is this thread's to finish."""
         assert self.keeper is not None
         message = held.message
-        with self._slots:  # deferred before the step failed: settled here, once
-            self._deferred = [(due, h) for due, h in self._deferred if h is not held]
+        if not self._reclaim(held, deferrals):
+            self.observer.step_failed_settled(message, error)
+            return False
         if held.outcome is not None:
             self.observer.step_failed_settled(message, error)
-            return
+            return True
         if self._remover is not None:
             self._remover.forget(message)  # it comes back: its body is needed
         self._release_claim(message)
@@ -987,6 +999,19 @@ class Worker:
         with contextlib.suppress(Exception):  # the span is a nicety; the thread goes on
             self._traced(message, "failed", error, retry_in=delay, last_attempt=last)
         self.observer.step_failed(message, error, delay, last)
+        return True
+
+    def _reclaim(self, held: Held, deferrals: int | None) -> bool:
+        """Whether a message whose step failed is still this thread's: one it set aside
+        among the deferred is, while it is there (taken back here); one another thread or
+        the shutdown took from there since (``deferrals`` is its count when this thread
+        took it; None: not known, the caller's own) is theirs."""
+        with self._slots:
+            for index, (_, deferred) in enumerate(self._deferred):
+                if deferred is held:
+                    del self._deferred[index]
+                    return True
+            return deferrals is None or held.deferrals == deferrals
 
     def _retry_in(self, message: Message) -> tuple[bool, float]:
         """Whether this is the message's last attempt, and the seconds before it comes
@@ -1000,12 +1025,13 @@ class Worker:
 
     def _prepare(self, held: Held, started: float, keep: bool = True) -> _Step:
         """What comes before the handler (``_steps_before``); a step that raises is the
-        message's failure, settled here (DONE)."""
+        message's failure, settled here."""
+        deferrals = held.deferrals
         try:
             return self._steps_before(held, started, keep)
         except Exception as exc:
-            self._contain(held, started, exc)
-            return _Step.DONE
+            # DONE: settled here; KEEP: another thread took it meanwhile, and finishes it.
+            return _Step.DONE if self._contain(held, started, exc, deferrals) else _Step.KEEP
 
     def _steps_before(self, held: Held, started: float, keep: bool) -> _Step:
         """Its body fetched from S3 if it was offloaded, its idempotency key claimed. RUN
@@ -1133,6 +1159,7 @@ class Worker:
                 closing = self._closing  # shutdown took the deferred ones already
                 if not closing:
                     self.keeper.defer(held)
+                    held.deferrals += 1
                     self._deferred.append((self.clock.monotonic() + retry_in, held))
                     self._runnable.notify()  # a waiting handler thread looks at its due time
                     self._slots.notify_all()  # it takes no room now: receives may go on
