@@ -24,6 +24,7 @@ from sqsworker.transports.sqs import SQSTransport
 
 from ..conftest import wait_until
 from ..faults.proxy import FaultProxy
+from ..integration.conftest import local
 from .conftest import make_queue, s3_bucket, s3_keys, slot_files
 from .output import read_output, write_once
 
@@ -122,9 +123,14 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
     them at once and renew a few hundred together, again every second while the
     batch runs.
     """
-    queue = make_queue(aws, "orders")
-    # Hundreds in one partition: as many as moto's server here renews every second
-    # (each renewal scans the queue) with the CPU the rest of the test leaves it.
+    # The SQS server in a process of its own (`sqsworker local`), as SQS is: moto in
+    # this process would share its interpreter with the test's own polling and Spark's
+    # callbacks, and answer renewals late on a busy machine.
+    server = local("--queue", "orders")
+    exports = server.__enter__()
+    queue = SQSTransport.connect("orders", endpoint_url=exports["AWS_ENDPOINT_URL_SQS"])
+    # Hundreds in one partition: as many as moto's server renews every second (each
+    # renewal scans the queue).
     sent = send_all(queue, [f'{{"order": {i}}}' for i in range(300)])
     other = queue.open(queue.info.url)  # straight to the server: it polls without latency
     read: set[str] = set()  # the ids of every batch the query has read so far
@@ -148,7 +154,7 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
                 )
         write(batch, batch_id)
 
-    proxy = FaultProxy(aws.endpoint_url).start()
+    proxy = FaultProxy(exports["AWS_ENDPOINT_URL_SQS"]).start()
     proxy.set(latency=0.02)
     try:
         run(
@@ -160,12 +166,14 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
             numPartitions="1",
             visibilityTimeout="2",
         )
+        assert max(sizes) >= 200  # hundreds of leases a partition, renewed together
+        assert stolen == []  # another consumer saw none of them while their batch ran
+        assert sorted(output_ids(spark, tmp_path / "out")) == sorted(sent)
+        assert queue.counts().total == 0
     finally:
         proxy.stop()
-    assert max(sizes) >= 200  # hundreds of leases a partition, renewed together
-    assert stolen == []  # another consumer saw none of them while their batch ran
-    assert sorted(output_ids(spark, tmp_path / "out")) == sorted(sent)
-    assert queue.counts().total == 0
+        queue.close()
+        server.__exit__(None, None, None)
 
 
 def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
