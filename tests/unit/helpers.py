@@ -10,10 +10,15 @@ from sqsworker.clock import FakeClock
 from sqsworker.events import Observer, Observers, Tally
 from sqsworker.payloads import Payloads
 from sqsworker.stores import Store
-from sqsworker.transports import Transport, send_all
+from sqsworker.transports import OutgoingMessage, Transport, send_all
 from sqsworker.transports.memory import MemorySQS
 
 from ..conftest import wait_until
+
+
+def keyed(body: str, key: str) -> OutgoingMessage:
+    """A message whose attribute "key" carries ``key`` (read by idempotency_key="attribute:key")."""
+    return OutgoingMessage(body, {"key": {"DataType": "String", "StringValue": key}})
 
 
 class Gate:

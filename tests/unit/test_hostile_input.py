@@ -26,7 +26,7 @@ from sqsworker.transports import Envelope, OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS, MemoryTransport
 
 from ..conftest import wait_until
-from .helpers import Gate, Rig
+from .helpers import Gate, Rig, keyed
 
 # A body a producer can send: 6 KB of JSON nested past what Python's parser reads.
 DEEP = "[" * 3000 + "]" * 3000
@@ -367,9 +367,6 @@ def test_duplicates_of_a_busy_key_do_not_starve_other_messages(
         visibility_timeout=60,
         idempotency_key="attribute:key",
     )
-
-    def keyed(body: str, key: str) -> OutgoingMessage:
-        return OutgoingMessage(body, {"key": {"DataType": "String", "StringValue": key}})
 
     send_all(rig.queue, [keyed("long", "k")])
     rig.worker.start()

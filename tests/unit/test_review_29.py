@@ -14,12 +14,7 @@ from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS
 
-from .helpers import Gate, Rig
-
-
-def keyed(body: str, key: str) -> OutgoingMessage:
-    return OutgoingMessage(body, {"key": {"DataType": "String", "StringValue": key}})
-
+from .helpers import Gate, Rig, keyed
 
 # -- _receive_again: a FIFO receive SQS never saw, made again at the stop ------------------
 

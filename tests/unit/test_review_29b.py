@@ -11,16 +11,11 @@ import pytest
 from sqsworker import Message
 from sqsworker.clock import FakeClock
 from sqsworker.stores.memory import MemoryStore
-from sqsworker.transports import OutgoingMessage, send_all
+from sqsworker.transports import send_all
 from sqsworker.transports.memory import MemorySQS
 
 from ..conftest import wait_until
-from .helpers import Gate, Rig
-
-
-def keyed(body: str, key: str) -> OutgoingMessage:
-    return OutgoingMessage(body, {"key": {"DataType": "String", "StringValue": key}})
-
+from .helpers import Gate, Rig, keyed
 
 # -- _contain: a deferred message someone else took from _deferred first -------------------
 
