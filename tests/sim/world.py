@@ -983,7 +983,7 @@ class World:
             health = worker.health()
             if health.handlers_alive < health.handlers:
                 self.violation(f"worker {index} lost a handler thread: {health.as_dict()}")
-            active = worker._unfinished - len(worker._deferred)  # every thread is parked
+            active = worker.inbox.unfinished - len(worker.inbox.deferred)  # every thread is parked
             if active >= worker.slots:
                 self.free_since[index] = now
                 continue

@@ -390,7 +390,7 @@ def test_a_message_taken_whose_coroutine_never_began_is_handed_back_at_the_timeo
     try:
         assert blocking.wait(10)
         rig.send("b")
-        runner = rig.worker._loop_runner
+        runner = rig.worker.runner.loop  # type: ignore[union-attr]
         assert runner is not None
         rig.advance_until(lambda: runner._running == 2)  # taken, its coroutine made, not begun
         assert rig.stop_past_timeout() == 1

@@ -187,7 +187,7 @@ def test_a_handler_finishing_as_it_is_handed_back_is_reported_deleted(
     rig.worker.request_stop()
     stopping = threading.Thread(target=rig.worker.shutdown)
     stopping.start()
-    wait_until(lambda: rig.worker._closing)
+    wait_until(lambda: rig.worker.inbox.closing)
     clock.advance(2)  # past --shutdown-timeout: the running message is handed back
     stopping.join(10)
     assert rig.queue.counts().total == 0  # SQS deleted it: the receipt handle was valid

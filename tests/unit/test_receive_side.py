@@ -264,14 +264,14 @@ def test_auto_prefetch_holds_what_the_handlers_finish_during_a_receive(
         clock=clock,
     )
     assert worker.pace is not None and worker.capacity == 64 + 128
-    assert worker._capacity() == 64 + 10  # nothing measured yet: a batch
+    assert worker.receiver.capacity() == 64 + 10  # nothing measured yet: a batch
     for _ in range(100):
         worker.pace.finished(0.02)
     worker.pace.answered(0.02)
     assert worker.pace.ahead() == 64
-    assert worker._capacity() == 64 + 10 + 64
+    assert worker.receiver.capacity() == 64 + 10 + 64
     worker.pace.answered(0.2)  # a slow network: a round trip of 74 ms, smoothed
-    assert worker._capacity() == 64 + 128  # at most max(10, 2 x concurrency) beyond
+    assert worker.receiver.capacity() == 64 + 128  # at most max(10, 2 x concurrency) beyond
 
     fixed = Worker(
         lambda m: None,
@@ -279,7 +279,7 @@ def test_auto_prefetch_holds_what_the_handlers_finish_during_a_receive(
         transport=memory.transport("jobs"),
         clock=clock,
     )
-    assert fixed.pace is None and fixed._capacity() == fixed.capacity == 69
+    assert fixed.pace is None and fixed.receiver.capacity() == fixed.capacity == 69
 
 
 def test_a_lease_shortened_by_extend_is_lost_at_its_new_end_when_its_renewal_hangs(

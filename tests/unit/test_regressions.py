@@ -706,7 +706,7 @@ def test_a_duplicate_found_busy_while_shutdown_drains_is_handed_back(
     result: list[int] = []
     stopping = threading.Thread(target=lambda: result.append(rig.worker.shutdown()))
     stopping.start()
-    wait_until(lambda: rig.worker._closing, what="shutdown to take the waiting messages")
+    wait_until(lambda: rig.worker.inbox.closing, what="shutdown to take the waiting messages")
     store.answer.set()  # BUSY, now
     stopping.join(5)  # no fake time passes: a shutdown waiting for its timeout never ends
     assert result == [0]

@@ -7,8 +7,11 @@ import itertools
 import threading
 from typing import Any
 
+import pytest
+
 from sqsworker import Backoff, Message
 from sqsworker.clock import FakeClock
+from sqsworker.settling import Settler
 from sqsworker.errors import TransportError
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import OutgoingMessage, send_all
@@ -115,7 +118,7 @@ def test_duplicates_on_their_last_attempt_do_not_starve_other_messages(
 
 def test_a_step_that_fails_after_a_duplicate_was_deferred_settles_it_once(
     memory: MemorySQS, clock: FakeClock
-) -> None:
+, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step of ours raises after ``_admit`` put a busy key's duplicate among the
     deferred (here the span's "deferred" note; any step after the append is the same).
     ``_contain`` returns the message and the thread finishes it, but it stays in
@@ -143,16 +146,16 @@ def test_a_step_that_fails_after_a_duplicate_was_deferred_settles_it_once(
         idempotency_key="attribute:key",
     )
     worker = rig.worker
-    traced = worker._traced
+    original = Settler.traced
     failed: list[str] = []
 
-    def note(message: Message, outcome: str, *args: Any, **kwargs: Any) -> None:
+    def note(settler: Settler, message: Message, outcome: str, *args: Any, **kwargs: Any) -> None:
         if outcome == "deferred" and not failed:
             failed.append(message.message_id)
             raise RuntimeError("a bug of ours after the deferral")
-        traced(message, outcome, *args, **kwargs)
+        original(settler, message, outcome, *args, **kwargs)
 
-    worker._traced = note  # type: ignore[method-assign]
+    monkeypatch.setattr(Settler, "traced", note)
     send_all(rig.queue, [keyed("long", "k")])
     worker.start()
     assert gate.started.wait(10)
@@ -400,14 +403,14 @@ def test_a_step_failing_after_the_delete_was_queued_does_not_count_it_dead_lette
     (processed and deleted), not as a failure returned or dead-lettered."""
     from contextlib import contextmanager
 
-    from sqsworker import worker as worker_module
+    from sqsworker import running
 
     @contextmanager
     def consuming(tracer: Any, message: Message) -> Any:
         yield None
         raise RuntimeError("a bug of ours closing the message's span")
 
-    monkeypatch.setattr(worker_module.tracing, "consuming", consuming)
+    monkeypatch.setattr(running.tracing, "consuming", consuming)
     rig = Rig(memory, clock, lambda m: None, max_receive_count=1)
     rig.send("x")
     rig.worker.start()

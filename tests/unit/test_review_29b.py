@@ -10,6 +10,7 @@ import pytest
 
 from sqsworker import Message
 from sqsworker.clock import FakeClock
+from sqsworker.settling import Settler
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import send_all
 from sqsworker.transports.memory import MemorySQS
@@ -22,7 +23,7 @@ from .helpers import Gate, Rig, keyed
 
 def test_a_step_failing_after_a_deferral_the_shutdown_took_does_not_finish_it_twice(
     memory: MemorySQS, clock: FakeClock
-) -> None:
+, monkeypatch: pytest.MonkeyPatch) -> None:
     """A busy key's duplicate is put among the deferred; before the next step of ours
     fails (here the span's "deferred" note), the shutdown drains ``_deferred``: it counts
     the duplicate out of ``_unfinished`` and hands it back. ``_contain`` then removes
@@ -51,17 +52,17 @@ def test_a_step_failing_after_a_deferral_the_shutdown_took_does_not_finish_it_tw
         idempotency_key="attribute:key",
     )
     worker = rig.worker
-    traced = worker._traced
+    original = Settler.traced
     stopping: list[Any] = []
 
-    def note(message: Message, outcome: str, *args: Any, **kwargs: Any) -> None:
+    def note(settler: Settler, message: Message, outcome: str, *args: Any, **kwargs: Any) -> None:
         if outcome == "deferred" and not stopping:
             stopping.append(rig.begin_stop())
-            wait_until(lambda: worker._closing and not worker._deferred, what="drained")
+            wait_until(lambda: worker.inbox.closing and not worker.inbox.deferred, what="drained")
             raise RuntimeError("a bug of ours after the deferral")
-        traced(message, outcome, *args, **kwargs)
+        original(settler, message, outcome, *args, **kwargs)
 
-    worker._traced = note  # type: ignore[method-assign]
+    monkeypatch.setattr(Settler, "traced", note)
     send_all(rig.queue, [keyed("long", "k")])
     worker.start()
     assert gate.started.wait(10)
@@ -79,7 +80,7 @@ def test_a_step_failing_after_a_deferral_the_shutdown_took_does_not_finish_it_tw
 
 def test_a_step_failing_after_a_deferral_another_thread_took_leaves_its_run_alone(
     memory: MemorySQS, clock: FakeClock
-) -> None:
+, monkeypatch: pytest.MonkeyPatch) -> None:
     """As above, but it is another handler thread that takes the duplicate from
     ``_deferred`` before the failing step: its key is free by then (the first delivery
     asked for a retry), so that thread claims the key and runs the handler on it.
@@ -116,10 +117,10 @@ def test_a_step_failing_after_a_deferral_another_thread_took_leaves_its_run_alon
         idempotency_key="attribute:key",
     )
     worker = rig.worker
-    traced = worker._traced
+    original = Settler.traced
     failed: list[str] = []
 
-    def note(message: Message, outcome: str, *args: Any, **kwargs: Any) -> None:
+    def note(settler: Settler, message: Message, outcome: str, *args: Any, **kwargs: Any) -> None:
         if outcome == "deferred" and not failed:
             failed.append(message.message_id)
             gate.release.set()  # the first delivery ends: its key is free
@@ -129,9 +130,9 @@ def test_a_step_failing_after_a_deferral_another_thread_took_leaves_its_run_alon
                 threading.Event().wait(0.005)
             wait_until(dup_started.is_set, what="the duplicate runs on another thread")
             raise RuntimeError("a bug of ours after the deferral")
-        traced(message, outcome, *args, **kwargs)
+        original(settler, message, outcome, *args, **kwargs)
 
-    worker._traced = note  # type: ignore[method-assign]
+    monkeypatch.setattr(Settler, "traced", note)
     send_all(rig.queue, [keyed("long", "k")])
     worker.start()
     assert gate.started.wait(10)
@@ -160,7 +161,7 @@ class Abort(BaseException):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # by design
 def test_a_fault_after_a_deferral_on_the_one_message_path_leaves_it_in_the_deferred(
     memory: MemorySQS, clock: FakeClock
-) -> None:
+, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step of ours raises a BaseException after ``_admit`` put a busy key's duplicate
     among the deferred. ``_work`` returns it at once and finishes it, and its thread ends,
     as designed, but the entry stays in ``_deferred`` (the batch path removes it; this one
@@ -180,16 +181,16 @@ def test_a_fault_after_a_deferral_on_the_one_message_path_leaves_it_in_the_defer
         idempotency_key="attribute:key",
     )
     worker = rig.worker
-    traced = worker._traced
+    original = Settler.traced
     failed: list[str] = []
 
-    def note(message: Message, outcome: str, *args: Any, **kwargs: Any) -> None:
+    def note(settler: Settler, message: Message, outcome: str, *args: Any, **kwargs: Any) -> None:
         if outcome == "deferred" and not failed:
             failed.append(message.message_id)
             raise Abort("a fault of ours after the deferral")
-        traced(message, outcome, *args, **kwargs)
+        original(settler, message, outcome, *args, **kwargs)
 
-    worker._traced = note  # type: ignore[method-assign]
+    monkeypatch.setattr(Settler, "traced", note)
     send_all(rig.queue, [keyed("long", "k")])
     worker.start()
     assert gate.started.wait(10)
@@ -210,7 +211,7 @@ def test_a_fault_after_a_deferral_on_the_one_message_path_leaves_it_in_the_defer
 
 def test_a_batch_step_failing_after_a_deferral_the_shutdown_took_does_not_finish_it_twice(
     memory: MemorySQS, clock: FakeClock
-) -> None:
+, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first test's defect on the batch path: ``_prepare`` contains the duplicate whose
     entry the shutdown already drained, returns DONE, and ``_work_batches`` finishes it a
     second time; the shutdown then ends "clean" under the running batch.
@@ -238,17 +239,17 @@ def test_a_batch_step_failing_after_a_deferral_the_shutdown_took_does_not_finish
         idempotency_key="attribute:key",
     )
     worker = rig.worker
-    traced = worker._traced
+    original = Settler.traced
     stopping: list[Any] = []
 
-    def note(message: Message, outcome: str, *args: Any, **kwargs: Any) -> None:
+    def note(settler: Settler, message: Message, outcome: str, *args: Any, **kwargs: Any) -> None:
         if outcome == "deferred" and not stopping:
             stopping.append(rig.begin_stop())
-            wait_until(lambda: worker._closing and not worker._deferred, what="drained")
+            wait_until(lambda: worker.inbox.closing and not worker.inbox.deferred, what="drained")
             raise RuntimeError("a bug of ours after the deferral")
-        traced(message, outcome, *args, **kwargs)
+        original(settler, message, outcome, *args, **kwargs)
 
-    worker._traced = note  # type: ignore[method-assign]
+    monkeypatch.setattr(Settler, "traced", note)
     send_all(rig.queue, [keyed("long", "k")])
     worker.start()
     assert gate.started.wait(10)

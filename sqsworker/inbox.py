@@ -1,0 +1,218 @@
+"""The inbox: the messages received and not yet through a handler, under one lock.
+
+A message is in the inbox from the moment a receive hands it over until its handler
+thread (or coroutine) finishes with it: waiting in line (one line, or one lane per
+FIFO group), running, or set aside as a duplicate whose idempotency key is busy
+elsewhere (held with its lease kept, looked at again when due). The receive threads
+count their room from it; the handler threads take from it; the shutdown drains it.
+
+One lock guards the inbox and the receive side's counts (``Receiver`` shares it), so
+that room taken by an answered receive becomes room taken by its messages in one step.
+Two conditions on it: ``slots`` (room or state changed: the receive threads and the
+shutdown wait on it) and ``runnable`` (a message to run: the handler threads wait on
+it, so a message finishing wakes no idle handler thread).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import TYPE_CHECKING
+
+from .lanes import Lanes, Line
+
+if TYPE_CHECKING:
+    from .clock import Clock
+    from .lease import Held
+
+
+class Inbox:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.slots = threading.Condition(self.lock)
+        self.runnable = threading.Condition(self.lock)
+        # Batch handlers: one thread at a time fills its batch (and waits on runnable),
+        # so batches fill rather than split between threads; the others wait their turn.
+        self._filling = False
+        self._fill_turn = threading.Condition(self.lock)
+        self.pending: Line | Lanes = Line()
+        self.unfinished = 0  # received and not yet through a handler (or handed back)
+        # Duplicates whose key is busy elsewhere: (when due, message), looked at again then.
+        self.deferred: list[tuple[float, Held]] = []
+        self.closing = False  # handler threads exit once nothing is waiting
+
+    def order_by_group(self) -> None:
+        """A FIFO queue's: one lane per message group. Before any message came."""
+        assert not self.unfinished
+        self.pending = Lanes()
+
+    @property
+    def fifo(self) -> bool:
+        return isinstance(self.pending, Lanes)
+
+    # -- the receive side --------------------------------------------------------------
+
+    def put(self, held: list[Held]) -> bool:
+        """Messages a receive brought: queued to run; False once closing (the caller
+        hands them back). Under ``lock``."""
+        if self.closing:
+            return False
+        self.pending.add(held)
+        self.unfinished += len(held)
+        self.runnable.notify(len(held))
+        return True
+
+    def active(self, max_deferred: int) -> int:
+        """Messages that take room: those not yet through a handler, less the duplicates
+        held for a busy key (up to ``max_deferred``). Under ``lock``."""
+        return self.unfinished - min(len(self.deferred), max_deferred)
+
+    def changed(self) -> None:
+        """Room or state changed (a delete or return was answered, say)."""
+        with self.slots:
+            self.slots.notify_all()
+
+    # -- the handler side --------------------------------------------------------------
+
+    def next(self) -> Held | None:
+        """The next message to run, waiting for one; None once closing with none left."""
+        with self.lock:
+            while True:
+                waiting = self._take_now()
+                if waiting is not None or self.closing:
+                    return waiting
+                due = min((d for d, _ in self.deferred), default=None)
+                self.clock.wait(self.runnable, due)
+
+    def next_few(self, limit: int) -> list[Held]:
+        """Up to ``limit`` messages to run, waiting for the first; [] once closing."""
+        with self.lock:
+            first = self.next()
+            if first is None:
+                return []
+            taken = [first]
+            while len(taken) < limit and (more := self._take_now()) is not None:
+                taken.append(more)
+            return taken
+
+    def collect(self, size: int, window: float) -> list[Held]:
+        """The next batch: up to ``size`` messages, waiting for the first, then at most
+        ``window`` seconds for the rest; [] once closing with none left.
+
+        A FIFO group's messages come in order, one run of them per batch. Once taken, the
+        messages count as running: at shutdown a batch being filled runs at once.
+        """
+        with self.lock:
+            while self._filling:
+                self.clock.wait(self._fill_turn, None)
+            self._filling = True
+            try:
+                return self._fill(size, window)
+            finally:
+                self._filling = False
+                self._fill_turn.notify()
+
+    def _fill(self, size: int, window: float) -> list[Held]:
+        batch: list[Held] = []
+        deadline = math.inf
+        while len(batch) < size:
+            more = self._take_run_now(size - len(batch))
+            if more:
+                if not batch:
+                    deadline = self.clock.monotonic() + window
+                batch += more
+                continue
+            if self.closing or self.clock.monotonic() >= deadline:
+                break
+            until = min([deadline, *(d for d, _ in self.deferred)])
+            self.clock.wait(self.runnable, None if until == math.inf else until)
+        return batch
+
+    def _take_run_now(self, limit: int) -> list[Held]:
+        """A deferred message that is due, else up to ``limit`` waiting ones (FIFO: a run
+        of one group with none running)."""
+        now = self.clock.monotonic()
+        for index, (due, deferred) in enumerate(self.deferred):
+            if due <= now:
+                del self.deferred[index]
+                return [deferred]
+        return self.pending.take_run(limit)
+
+    def _take_now(self) -> Held | None:
+        run = self._take_run_now(1)
+        return run[0] if run else None
+
+    def defer(self, held: Held, due: float) -> None:
+        """Set a running duplicate aside until ``due``: it takes no room meanwhile. Not
+        once closing (the caller looks, under ``lock``)."""
+        with self.lock:
+            assert not self.closing
+            held.deferrals += 1
+            self.deferred.append((due, held))
+            self.runnable.notify()  # a waiting handler thread looks at its due time
+            self.slots.notify_all()  # it takes no room now: receives may go on
+
+    def reclaim(self, held: Held, deferrals: int | None) -> bool:
+        """Whether a message whose step failed is still its thread's: one it set aside
+        among the deferred is, while it is there (taken back here); one another thread or
+        the shutdown took from there since (``deferrals`` is its count when the thread
+        took it; None: not known, the caller's own) is theirs."""
+        with self.lock:
+            for index, (_, deferred) in enumerate(self.deferred):
+                if deferred is held:
+                    del self.deferred[index]
+                    return True
+            return deferrals is None or held.deferrals == deferrals
+
+    def undefer(self, batch: list[Held], kept: list[Held]) -> list[Held]:
+        """A batch's thread failed: those of ``kept`` (set aside by it) that another
+        thread took from the deferred since, which are no longer the batch's; the rest of
+        the batch is taken back from among the deferred."""
+        with self.lock:
+            deferred = {id(h) for _, h in self.deferred}
+            gone = [h for h in kept if id(h) not in deferred]
+            self.deferred = [(d, h) for d, h in self.deferred if h not in batch]
+        return gone
+
+    def blocks_its_group(self, held: Held) -> bool:
+        """True when SQS holds back the message's FIFO group until it is deleted: when no
+        later message of its group is here. Then its delete goes at once instead of
+        waiting up to --delete-interval for a batch."""
+        if not isinstance(self.pending, Lanes):
+            return False
+        with self.lock:
+            return not self.pending.waiting(held)
+
+    def finish(self, held: Held) -> list[Held]:
+        """A message is through its handler: it no longer counts. On a FIFO queue, the
+        group's later messages must not overtake one that comes back: they no longer
+        count either, and are returned for the caller to hand back (under ``lock``, so a
+        shutdown cannot stop the lease thread before their returns are queued)."""
+        later = self.pending.finish(held, settled=held.gone)
+        self.unfinished -= 1 + len(later)
+        self.slots.notify_all()  # room for the receives, and the shutdown's count
+        if isinstance(self.pending, Lanes):
+            self.runnable.notify()  # the group's next message may run now
+        return later
+
+    # -- the shutdown ----------------------------------------------------------------------
+
+    def close(self) -> list[Held]:
+        """No more running once what is waiting is gone: the waiting and the deferred are
+        taken out (to be handed back) and no longer count."""
+        with self.lock:
+            waiting = self.pending.drain() + [held for _, held in self.deferred]
+            self.deferred.clear()
+            self.unfinished -= len(waiting)
+            self.closing = True
+            self.slots.notify_all()
+            self.runnable.notify_all()
+        return waiting
+
+    def wait_finished(self, deadline: float) -> bool:
+        """Wait until every running message is through its handler, or the deadline."""
+        with self.lock:
+            while self.unfinished > 0 and self.clock.monotonic() < deadline:
+                self.clock.wait(self.slots, deadline)
+            return self.unfinished == 0

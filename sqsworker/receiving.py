@@ -1,0 +1,350 @@
+"""The receive side: the receive threads, the room they count, and their pace.
+
+A receive thread long-polls only while fewer than ``capacity`` messages are held, and
+hands what it gets to the lease keeper (which keeps their visibility alive from that
+moment) and to the inbox (where the handler threads take them). One long poll while
+the queue is idle; while receives come back full, more at once (one receive thread per
+ten messages of capacity), each asking for as many as the room left. A receive waits
+for room for a full batch, unless handler threads would otherwise sit idle: then it
+asks for what fits. After a failure, receives pause (1, 2, 4 ... 30 s); a receive under
+way at the shutdown is waited out, and what it brings is handed back.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+from .errors import TransportError
+from .health import Progress
+from .transports import MAX_BATCH
+
+if TYPE_CHECKING:
+    from .clock import Clock
+    from .config import WorkerConfig
+    from .events import Observer
+    from .inbox import Inbox
+    from .lease import Held, LeaseKeeper
+    from .transports import Transport
+
+IDLE_PAUSE = 1.0  # between empty receives when --wait-time is 0
+BURST_WAIT = 1  # long-poll seconds in burst mode: an empty queue ends the run promptly
+MAX_POLLS = 32  # receives under way at once, at most
+
+
+@dataclass(frozen=True)
+class Room:
+    """How many messages a worker holds, and so how many it asks for."""
+
+    slots: int  # may run at once: one per handler thread, or a batch each
+    prefetch_limit: int  # waiting beyond the running ones, at most
+    max_deferred: int  # duplicates held for a busy key that take no room, at most
+    unanswered: int  # through their handler, delete or return unanswered: held beyond
+
+    @property
+    def capacity(self) -> int:
+        """Waiting or running, at most."""
+        return self.slots + self.prefetch_limit
+
+    @property
+    def batch(self) -> int:
+        """A receive waits for room for this many."""
+        return min(MAX_BATCH, self.capacity)
+
+    @property
+    def pollers(self) -> int:
+        """One receive thread per batch of capacity: all of it can be asked for at once."""
+        return max(1, min(MAX_POLLS, math.ceil(self.capacity / MAX_BATCH)))
+
+    @property
+    def held_bound(self) -> int:
+        return self.capacity + self.max_deferred + self.unanswered
+
+
+class Receiver:
+    """The receive threads. Their counts live under the inbox's lock."""
+
+    def __init__(
+        self,
+        inbox: Inbox,
+        room: Room,
+        config: WorkerConfig,
+        clock: Clock,
+        observer: Observer,
+        stopping: threading.Event,
+        auto_prefetch: bool,
+    ) -> None:
+        self.inbox = inbox
+        self.room = room
+        self.config = config
+        self.clock = clock
+        self.observer = observer
+        self.stopping = stopping
+        # --prefetch auto: as many as the handler threads could finish during a receive's
+        # round trip, so they never wait on one, plus a batch; measured as the worker runs.
+        self.pace = Pace(room.slots) if auto_prefetch else None
+        self.progress = [Progress(clock) for _ in range(room.pollers)]  # for /healthz
+        self.alive = 0  # receive threads running
+        self._transport: Transport | None = None
+        self._keeper: LeaseKeeper | None = None
+        # Under inbox.lock:
+        self._polls = 0  # receives under way
+        self._asked = 0  # messages they asked for: room taken until they are answered
+        self._flowing = False  # the last receive came back full: more may run at once
+        # By receive thread: when its receive began, and how many it asked for.
+        self._polls_began: dict[int, tuple[float, int]] = {}
+        self._paused_until = -math.inf  # no receive starts before (after a failure, idle)
+        self._failures = 0  # receives failed in a row
+        # Since when the receives have failed in a row (None while SQS answers), and why.
+        self._failing_since: float | None = None
+        self._last_error = ""
+        # FIFO receives that failed: the next receives reuse their ids, and so get their
+        # messages back instead of leaving a lost response's messages invisible.
+        self._failed_attempts: list[str] = []
+        self._returned_at_stop: list[Held] = []  # what polls returned once closing began
+
+    def start(self, transport: Transport, keeper: LeaseKeeper) -> None:
+        self._transport, self._keeper = transport, keeper
+        self.alive = self.room.pollers
+        for index in range(self.room.pollers):
+            self.clock.spawn(f"sqsworker-receiver-{index}", partial(self._receive, index))
+
+    def unanswered(self) -> tuple[float, str]:
+        """Seconds the receives have failed in a row (0 while SQS answers), and the last
+        error."""
+        since = self._failing_since
+        if since is None:
+            return 0.0, ""
+        return self.clock.monotonic() - since, self._last_error
+
+    def capacity(self) -> int:
+        """How many may be waiting or running now: the room's capacity unless --prefetch
+        is auto, then as many as the pace says."""
+        if self.pace is None:
+            return self.room.capacity
+        prefetch = min(self.room.prefetch_limit, MAX_BATCH + self.pace.ahead())
+        return self.room.slots + prefetch
+
+    def finished(self, took: float) -> None:
+        """A message was on its handler thread this long. Under inbox.lock."""
+        if self.pace is not None:
+            self.pace.finished(took)
+
+    def wait_time(self) -> int:
+        config = self.config
+        return min(config.wait_time, BURST_WAIT) if config.burst else config.wait_time
+
+    def wait_out(self) -> list[Held]:
+        """At the shutdown: wait until every receive under way has ended (SQS answers a
+        receive whose connection was closed by hiding its messages all the same, so none
+        can be cut short; each is one HTTP attempt, bounded by the client's timeouts).
+        What they brought once closing began, to be handed back."""
+        with self.inbox.lock:
+            polls = list(self._polls_began.values())
+        if polls:
+            ends = max(began for began, _ in polls) + self.wait_time()
+            self.observer.receives_awaited(len(polls), ends - self.clock.monotonic())
+        with self.inbox.lock:
+            while self.alive:
+                self.clock.wait(self.inbox.slots, None)
+            returned, self._returned_at_stop = self._returned_at_stop, []
+        return returned
+
+    # -- a receive thread ---------------------------------------------------------------
+
+    def _receive(self, index: int) -> None:
+        progress = self.progress[index]
+        try:
+            while True:
+                asked = self._await_room(index, progress)
+                if asked == 0:
+                    return
+                try:
+                    if not self._poll(index, asked, progress):
+                        return
+                finally:
+                    self._answered(index, full=False)  # if nothing did: room never leaks
+        finally:
+            with self.inbox.lock:
+                self.alive -= 1
+                self.inbox.slots.notify_all()
+
+    def _poll(self, index: int, asked: int, progress: Progress) -> bool:
+        """One receive of ``asked`` messages; False when this receive thread is done."""
+        assert self._transport is not None and self._keeper is not None
+        transport, wait, lock = self._transport, self.wait_time(), self.inbox.lock
+        with lock:
+            # The leases of what this receive returns count from when its room was taken:
+            # before SQS hid them.
+            began, _ = self._polls_began[index]
+            attempt_id = None
+            if transport.info.fifo:
+                attempt_id = self._failed_attempts.pop() if self._failed_attempts else None
+                attempt_id = attempt_id or uuid.uuid4().hex
+        progress.step(wait + self.config.stall_timeout)
+        try:
+            envelopes = transport.receive(asked, wait, self.config.visibility_timeout, attempt_id)
+        except Exception as exc:  # the loop outlives every error; what it got is safe
+            self._failed(index, began, attempt_id, exc)
+            return True
+        with lock:
+            self._failures = 0
+            since, self._failing_since = self._failing_since, None
+        if since is not None:
+            self.observer.sqs_answered_again(self.clock.monotonic() - since)
+        if not envelopes:
+            return self._empty(index, wait)
+        held = self._keeper.add(envelopes, began, self.config.visibility_timeout)
+        self.observer.received([h.message for h in held])
+        with lock:
+            # Room taken by the ask becomes room taken by the messages, in one step.
+            self._answered(index, full=len(held) == asked)
+            if self.pace is not None and len(held) == asked:
+                # Full: the messages were there, so this took a round trip, not a wait.
+                self.pace.answered(self.clock.monotonic() - began)
+            if self.inbox.put(held):
+                return True
+            self._returned_at_stop += held  # shutdown began during the poll: handed back
+        return False
+
+    def _failed(self, index: int, began: float, attempt_id: str | None, exc: Exception) -> None:
+        with self.inbox.lock:
+            # Receives under way together when one failed share its pause; only one
+            # begun after the last pause ended makes the next one longer.
+            if began >= self._paused_until:
+                self._failures += 1
+            retry_in = min(30.0, 2.0 ** (min(self._failures, 6) - 1))
+            self._paused_until = max(self._paused_until, self.clock.monotonic() + retry_in)
+            if attempt_id is not None:
+                self._failed_attempts.append(attempt_id)
+            self._answered(index, full=False)
+            if self._failing_since is None:
+                self._failing_since = began
+            self._last_error = str(exc)
+            failing_for = self.clock.monotonic() - self._failing_since
+        error = exc if isinstance(exc, TransportError) else TransportError(str(exc))
+        self.observer.receive_failed(error, retry_in)
+        self.observer.sqs_unanswered(failing_for, str(exc))
+
+    def _empty(self, index: int, wait: int) -> bool:
+        """A receive came back empty; False when burst mode ends here."""
+        with self.inbox.lock:
+            if wait == 0:  # no long poll to pace the receives
+                self._paused_until = self.clock.monotonic() + IDLE_PAUSE
+            self._answered(index, full=False)
+        self.observer.receive_empty()
+        if not (self.config.burst and self._queue_is_empty()):
+            return True
+        with self.inbox.lock:
+            first = not self.stopping.is_set()
+            self.stopping.set()
+            self.inbox.slots.notify_all()
+        if first:
+            self.observer.burst_finished()
+        return False
+
+    def _answered(self, index: int, full: bool) -> None:
+        """A receive ended: its room is free again; more run at once only while full.
+        Once per receive: later calls do nothing."""
+        with self.inbox.lock:
+            poll = self._polls_began.pop(index, None)
+            if poll is None:
+                return
+            self._polls -= 1
+            self._asked -= poll[1]
+            self._flowing = full
+            self.inbox.slots.notify_all()
+
+    def _await_room(self, index: int, progress: Progress) -> int:
+        """Wait until a receive is worth making; how many to ask for (0 when stopping).
+
+        One receive at a time while the queue is idle; while receives come back full,
+        up to one per receive thread. Each asks for the room left under the held bound,
+        once that room is a full batch, or sooner when handler threads would otherwise
+        wait with nothing to run.
+
+        The bound counts every message held: waiting and running up to the capacity,
+        and beyond a batch per sender, those through their handler with their delete or
+        return not yet answered.
+        """
+        assert self._keeper is not None
+        room, inbox = self.room, self.inbox
+        with inbox.lock:
+            progress.idle()  # waiting on the handlers is not being stuck
+            while not self.stopping.is_set():
+                if self.clock.monotonic() < self._paused_until:
+                    self.clock.wait(inbox.slots, self._paused_until)
+                    continue
+                active = inbox.active(room.max_deferred)
+                unanswered = max(0, self._keeper.settling_count() - room.unanswered)
+                free = self.capacity() - active - unanswered - self._asked
+                # Handler threads with nothing to run and no receive under way to bring any:
+                # a receive for less than a batch is better than a barrier.
+                starved = self._polls == 0 and active < room.slots
+                worth = free >= room.batch or (free > 0 and starved)
+                if worth and (self._polls == 0 or self._flowing):
+                    asked = min(free, MAX_BATCH)
+                    self._polls += 1
+                    self._asked += asked
+                    self._polls_began[index] = (self.clock.monotonic(), asked)
+                    return asked
+                if not worth and self.capacity() - active - self._asked >= room.batch:
+                    # Only unanswered deletes and returns stand in the way: send them now
+                    # rather than after --delete-interval, so the handlers are not starved.
+                    self._keeper.flush()
+                self.clock.wait(inbox.slots, None)
+            return 0
+
+    def _queue_is_empty(self) -> bool:
+        assert self._transport is not None and self._keeper is not None
+        with self.inbox.lock:
+            if self.inbox.unfinished:
+                return False
+        if self._keeper.held_count():
+            return False
+        try:
+            return self._transport.counts().total == 0
+        except TransportError as exc:
+            self.observer.request_failed("GetQueueAttributes", exc)
+            return False
+
+
+class Pace:
+    """A message's time on its handler thread and a receive's round trip, smoothed, for
+    --prefetch auto.
+
+    ``ahead()`` is how many messages the handler threads would finish while one receive
+    is under way if none of them waited: held beyond the running ones (waiting, or asked
+    for by receives under way), they keep every thread busy until it returns. It counts
+    what the threads could do, not what they did: a pace measured while they waited for
+    messages would hold fewer and keep them waiting. The caller serialises the calls (the
+    inbox's lock).
+    """
+
+    WEIGHT = 0.3  # of each new round trip in the smoothed one
+    TOOK_WEIGHT = 0.05  # of each message's time: one message is a noisy measure
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.took = 0.0  # seconds a message keeps its handler thread
+        self.trip = 0.0  # seconds a receive that returned messages took
+
+    def finished(self, seconds: float) -> None:
+        self.took = _smooth(self.took, max(seconds, 1e-6), self.TOOK_WEIGHT)
+
+    def answered(self, seconds: float) -> None:
+        self.trip = _smooth(self.trip, seconds, self.WEIGHT)
+
+    def ahead(self) -> int:
+        if self.took == 0:
+            return 0
+        return math.ceil(self.concurrency * self.trip / self.took)
+
+
+def _smooth(old: float, new: float, weight: float) -> float:
+    """An exponentially weighted mean; the first measure stands alone."""
+    return new if old == 0 else old + weight * (new - old)

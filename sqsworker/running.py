@@ -1,0 +1,402 @@
+"""Running: the handler threads (or coroutines) that take messages from the inbox.
+
+Three runners, one per handler shape: ``Threads`` runs a ``def`` handler one message
+per thread, ``Batches`` a batch handler one batch per thread, and ``Coroutines`` an
+``async def`` handler on an event loop thread. Each takes a message, begins it on its
+lease, admits it (``Admission``: body, key), runs the handler, and settles the outcome
+(``Settler``). A step of the worker's own that raises is that message's failure, never
+the thread's; only a ``BaseException`` that is not an ``Exception`` ends a thread, its
+message returned at once, and ``/healthz`` reports the thread lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from . import batches, coroutines, tracing
+from .admission import Step
+from .coroutines import EventLoopRunner
+from .lanes import HANDED_BACK_BEHIND
+
+if TYPE_CHECKING:
+    from .admission import Admission
+    from .clock import Clock
+    from .events import Observer
+    from .handler import Handler
+    from .inbox import Inbox
+    from .lease import Held, LeaseKeeper
+    from .receiving import Receiver
+    from .settling import Settler
+    from .transports import Transport
+
+LOST_WAITING = "its lease was lost while it waited to start"
+
+
+class Runner:
+    """What the three runners share: where messages come from and go."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        concurrency: int,
+        inbox: Inbox,
+        keeper: LeaseKeeper,
+        admission: Admission,
+        settler: Settler,
+        receiver: Receiver,
+        transport: Transport,
+        clock: Clock,
+        observer: Observer,
+        tracer: Any,
+    ) -> None:
+        self.handler = handler
+        self.concurrency = concurrency
+        self.inbox = inbox
+        self.keeper = keeper
+        self.admission = admission
+        self.settler = settler
+        self.receiver = receiver
+        self.transport = transport
+        self.clock = clock
+        self.observer = observer
+        self.tracer = tracer
+        self.alive = 0  # handler threads running (under inbox.lock)
+
+    def start(self) -> None:
+        self.alive = self.concurrency
+        for index in range(self.concurrency):
+            self.clock.spawn(f"sqsworker-handler-{index}", self._thread)
+
+    def _thread(self) -> None:
+        try:
+            self.work()
+        finally:
+            with self.inbox.lock:
+                self.alive -= 1  # read by /healthz: a thread lost is not live
+
+    def work(self) -> None:
+        raise NotImplementedError
+
+    def alive_count(self) -> int:
+        """Handler threads running, for /healthz."""
+        return self.alive
+
+    def close(self) -> None:
+        """At the shutdown's timeout, after the hand-back: nothing to do for threads."""
+
+    def finish(self, held: Held, took: float) -> None:
+        """``held`` is through its handler (or handed back): it no longer counts."""
+        with self.inbox.lock:
+            for later in self.inbox.finish(held):
+                self.keeper.release(later, 0, HANDED_BACK_BEHIND, urgent=True)
+            self.receiver.finished(took)
+
+    def _begin(self, held: Held) -> bool:
+        if self.keeper.begin(held):
+            return True
+        self.observer.handler_skipped(held.message, LOST_WAITING)
+        return False
+
+
+class Threads(Runner):
+    """A ``def`` handler: each thread runs one message at a time."""
+
+    def work(self) -> None:
+        while (held := self.inbox.next()) is not None:
+            kept = False
+            began = self.clock.monotonic()
+            deferrals = held.deferrals
+            try:
+                kept = self._process(held)
+            except Exception as exc:  # a step of ours failed: the message's failure
+                kept = not self.settler.contain(held, began, exc, deferrals)
+            except BaseException:
+                kept = not self.inbox.reclaim(held, deferrals)
+                if not kept:
+                    self.settler.fault_returns(held)
+                raise
+            finally:
+                if not kept:
+                    self.finish(held, self.clock.monotonic() - began)
+
+    def _process(self, held: Held) -> bool:
+        """Run the handler on ``held``; True when the message is kept to run later."""
+        if not self._begin(held):
+            return False
+        message = held.message
+        with tracing.consuming(self.tracer, message):
+            started = self.clock.monotonic()
+            step = self.admission.prepare(held, started)
+            if step is not Step.RUN:
+                return step is Step.KEEP
+            self.observer.handler_started(message)
+            try:
+                # Log lines of the handler's own (structlog or stdlib logging) carry these.
+                tokens = structlog.contextvars.bind_contextvars(
+                    **message.log_context, handler=self.handler.name
+                )
+                try:
+                    result = self.handler(message)
+                finally:
+                    structlog.contextvars.reset_contextvars(**tokens)
+                if inspect.iscoroutine(result):
+                    _refuse_coroutine(result, self.handler.name)
+            except BaseException as exc:  # SystemExit and the like too: the thread lives on
+                self.settler.settle(held, started, exc)
+            else:
+                self.settler.settle(held, started, None)
+        return False
+
+
+class Batches(Runner):
+    """A batch handler: each thread runs one batch at a time."""
+
+    def __init__(self, *args: Any, size: int, window: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.size, self.window = size, window
+
+    def work(self) -> None:
+        while batch := self.inbox.collect(self.size, self.window):
+            finished: list[Held] = []
+            kept: list[Held] = []  # deferred to look at again: no longer this batch's
+            began = self.clock.monotonic()
+            try:
+                finished = self._run(batch, kept)
+            except BaseException as exc:
+                # A fault of the worker's own: settle what the batch still holds. One it
+                # deferred is still its own while among the deferred; one another thread
+                # took from there since is that thread's.
+                gone = self.inbox.undefer(batch, kept)
+                finished = [held for held in batch if held not in gone]
+                for held in finished:
+                    if not isinstance(exc, Exception):
+                        self.settler.fault_returns(held)
+                    elif held.outcome is None:  # each one's failure; the thread goes on
+                        self.settler.contain(held, began, exc)
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                took = self.clock.monotonic() - began
+                for held in finished:
+                    self.finish(held, took)
+
+    def _run(self, batch: list[Held], kept: list[Held]) -> list[Held]:
+        """Run the batch handler on ``batch`` and settle each message; what is finished
+        (all but those deferred to look at again, put in ``kept``: their key is busy
+        elsewhere)."""
+        fifo = self.inbox.fifo
+        started = self.clock.monotonic()
+        with tracing.consuming_batch(self.tracer, [held.message for held in batch]):
+            ready: list[Held] = []
+            behind: list[Held] = []
+            # FIFO: a group stops at a message that did not go; those after it in the
+            # batch must not run before it, and go back behind it.
+            stopped: set[str | None] = set()
+            for held in batch:
+                group = held.message.group_id
+                if fifo and group in stopped:
+                    behind.append(held)
+                    continue
+                if self._begin(held):
+                    step = self.admission.prepare(held, started, keep=not fifo)
+                    if step is Step.RUN:
+                        ready.append(held)
+                        continue
+                    if step is Step.KEEP:
+                        kept.append(held)
+                if fifo and not held.gone:
+                    stopped.add(group)
+            ready = self._still_ready(ready, fifo, behind)
+            if ready:
+                for held in ready:
+                    self.observer.handler_started(held.message)
+                self._call(ready, started, fifo, behind)
+            for held in behind:
+                self.keeper.release(held, 0, HANDED_BACK_BEHIND, urgent=True)
+        return [held for held in batch if held not in kept]
+
+    def _still_ready(self, ready: list[Held], fifo: bool, behind: list[Held]) -> list[Held]:
+        """Those of ``ready`` (in batch order) whose lease is still alive now that the whole
+        batch was made ready (the store or S3 may have taken long): the others are not
+        run, and on a FIFO queue neither are their group's later ones in the batch."""
+        still = []
+        cut: set[str | None] = set()
+        for held in ready:
+            group = held.message.group_id
+            if group in cut:
+                self.settler.release_claim(held.message)
+                behind.append(held)
+            elif self.keeper.still_running(held):
+                still.append(held)
+            else:
+                self.settler.release_claim(held.message)
+                self.observer.handler_skipped(
+                    held.message, "its lease ran out while its batch was made ready"
+                )
+                if fifo:
+                    cut.add(group)
+        return still
+
+    def _call(self, ready: list[Held], started: float, fifo: bool, behind: list[Held]) -> None:
+        """Call the handler with ``ready`` and settle each by its outcome. On a FIFO queue,
+        a group's messages after one that failed go ``behind``, with their key's claim
+        completed if the handler did them, else released."""
+        messages = [held.message for held in ready]
+        returned: object = None
+        raised: BaseException | None = None
+        info = self.transport.info
+        tokens = structlog.contextvars.bind_contextvars(
+            queue=info.name, batch_size=len(messages), handler=self.handler.name
+        )
+        try:
+            if self.handler.is_lambda:  # Lambda's event names the queue by its ARN
+                returned = self.handler.func(messages, info.arn)  # type: ignore[call-arg,arg-type]
+            else:
+                returned = self.handler(messages)  # type: ignore[arg-type]
+        except BaseException as exc:  # SystemExit and the like too: the thread lives on
+            raised = exc
+        finally:
+            structlog.contextvars.reset_contextvars(**tokens)
+        outcomes = batches.outcomes(messages, returned, raised)
+        cut: set[str | None] = set()  # FIFO groups a message of which failed here
+        try:
+            for held, error in zip(ready, outcomes, strict=True):
+                group = held.message.group_id
+                if group in cut:
+                    if error is None:
+                        self.settler.complete_claim(held.message)  # done: its return dropped
+                    else:
+                        self.settler.release_claim(held.message)
+                    behind.append(held)
+                    continue
+                self.settler.settle(held, started, error)
+                if fifo and not held.gone:
+                    cut.add(group)
+        finally:
+            del raised, outcomes  # no cycle through the traceback
+
+
+class Coroutines(Runner):
+    """An ``async def`` handler: up to ``concurrency`` coroutines on one event loop
+    thread. The steps before and after the handler that may block (S3, the idempotency
+    store, a dead-letter copy) run on a helper thread."""
+
+    def __init__(self, *args: Any, stall_timeout: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.loop = EventLoopRunner(
+            self.concurrency,
+            self.clock,
+            self.inbox.next_few,
+            self.work_one,
+            self.observer,
+            give_back=self._give_back,
+        )
+        self.stall_timeout = stall_timeout
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def close(self) -> None:
+        """At the shutdown's timeout: coroutines still running are cancelled."""
+        self.loop.close()
+
+    def alive_count(self) -> int:
+        return self.concurrency if self.loop.alive() else 0
+
+    def _give_back(self, taken: list[Held]) -> None:
+        """Messages taken to run that nothing will run (the event loop is gone)."""
+        for held in taken:
+            self.settler.fault_returns(held)
+            self.finish(held, 0.0)
+
+    async def work_one(self, held: Held) -> None:
+        """One message, on the event loop."""
+        kept = False
+        began = self.clock.monotonic()
+        deferrals = held.deferrals
+        try:
+            kept = await self._process(held)
+        except asyncio.CancelledError:
+            raise  # at the shutdown's timeout: the message was handed back already
+        except Exception as exc:  # a step of ours failed: the message's failure
+            if self.settler.idempotency is not None:  # releasing its claim calls the store
+                contain = self.settler.contain
+                kept = not await self.loop.offload(contain, held, began, exc, deferrals)
+            else:
+                kept = not self.settler.contain(held, began, exc, deferrals)
+        except BaseException:
+            kept = not self.inbox.reclaim(held, deferrals)
+            if not kept:
+                self.settler.fault_returns(held)
+            raise
+        finally:
+            if not kept:
+                self.finish(held, self.clock.monotonic() - began)
+
+    async def _process(self, held: Held) -> bool:
+        offload = self.loop.offload
+        if not self._begin(held):
+            return False
+        message = held.message
+        with tracing.consuming(self.tracer, message):
+            started = self.clock.monotonic()
+            if self.admission.blocks(held):
+                step = await offload(self.admission.prepare, held, started)
+            else:
+                step = self.admission.prepare(held, started)
+            if step is not Step.RUN:
+                return step is Step.KEEP
+            self.observer.handler_started(message)
+            # This coroutine runs in a context of its own: the fields stay with it.
+            structlog.contextvars.bind_contextvars(**message.log_context, handler=self.handler.name)
+            try:
+                await self.handler(message)  # type: ignore[misc]
+            except BaseException as exc:  # CancelledError too: settled, then passed on
+                await self._settle(held, started, exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            else:
+                await self._settle(held, started, None)
+        return False
+
+    async def _settle(self, held: Held, started: float, error: BaseException | None) -> None:
+        """``Settler.settle``, on a helper thread when it calls the store or SQS.
+
+        A message handed back at the shutdown timeout had its coroutine cancelled there:
+        whatever it did after (raised, or returned swallowing the cancellation), its work
+        was cut short, so its key's claim is released, never completed, and nothing more
+        is reported: the hand-back was."""
+        settler = self.settler
+        task = asyncio.current_task()
+        cancelled = isinstance(error, asyncio.CancelledError) or bool(task and task.cancelling())
+        if held.handed_back and cancelled:
+            if settler.idempotency is not None:
+                await self.loop.offload(settler.release_claim, held.message)
+            return
+        if settler.blocks(error):
+            await self.loop.offload(settler.settle, held, started, error)
+        else:
+            settler.settle(held, started, error)
+
+
+def helper_threads(handler: Handler, concurrency: int) -> int:
+    """Threads that call SQS, S3 or the store on a message's behalf besides the receive
+    and lease threads: the handler threads, or a coroutine handler's helpers."""
+    if handler.is_async:  # and each coroutine in asyncio.to_thread(...), at most
+        return concurrency + min(concurrency, coroutines.MAX_HELPERS)
+    return concurrency
+
+
+def _refuse_coroutine(result: Any, name: str) -> None:
+    """A plain def handler returned a coroutine (it calls an async function without
+    awaiting it): nothing was done. Fail the message rather than delete it unrun. (Other
+    awaitables, a future of work submitted elsewhere say, are a result like any other.)"""
+    result.close()  # no "coroutine was never awaited" warning on top of the failure
+    raise TypeError(
+        f"handler {name} returned {type(result).__name__} without running it: declare the "
+        "handler async def and await the call, or call asyncio.run(...) inside it"
+    )
