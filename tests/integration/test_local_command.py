@@ -128,18 +128,21 @@ def test_a_fifo_group_in_flight_is_not_handed_to_a_second_long_poll(
     backends = sqs_backends[next(iter(sqs_backends))]
     waiters = backends[REGION].queues[name]._messages_lock._waiters
     answers: list[tuple[list[str], bool]] = []
-    deleted = threading.Event()
+    # Set before the delete is sent: an answer recorded after it may come from the delete;
+    # one recorded before cannot (set after, a poll answered in between read it unset).
+    deleting = threading.Event()
     lock = threading.Lock()
 
     def poll() -> None:
         transport = SQSTransport.connect(name)
         got = transport.receive(2, 10, 60, None)
         with lock:
-            answers.append(([e.body for e in got], deleted.is_set()))
-            first = not deleted.is_set()
+            answers.append(([e.body for e in got], deleting.is_set()))
+            first = not deleting.is_set()
+            if got and first:
+                deleting.set()
         if got and first:
             transport.delete_batch([(e.message_id, e.receipt_handle) for e in got])
-            deleted.set()
 
     polls = [threading.Thread(target=poll) for _ in range(2)]
     for thread in polls:
