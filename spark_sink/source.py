@@ -61,7 +61,8 @@ from sqsworker.errors import PayloadMissing, SQSWorkerError
 from sqsworker.lease import Held, LeaseKeeper
 from sqsworker.logs import LogObserver
 from sqsworker.message import Message
-from sqsworker.payloads import Payloads, is_offloaded
+from sqsworker.payloads import Payloads
+from sqsworker.pointers import is_offloaded
 from sqsworker.transports import MAX_BATCH, Envelope, QueueInfo
 from sqsworker.transports.sqs import SQSTransport
 

@@ -18,6 +18,7 @@ from .handler import Handler, batch_handler, handler, lambda_handler
 from .message import Message
 from .policies import Backoff
 from .producer import AsyncProducer, Producer, SendError, SendReport
+from .version import __version__ as __version__
 from .worker import Worker
 
 __all__ = [
@@ -46,4 +47,3 @@ __all__ = [
     "handler",
     "lambda_handler",
 ]
-__version__ = "0.1.0"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .errors import KeyConflict, PayloadUnavailable, Reject, StoreError
 from .idempotency import Verdict
-from .payloads import is_offloaded
+from .pointers import is_offloaded
 
 if TYPE_CHECKING:
     from .clock import Clock

@@ -21,13 +21,14 @@ from types import FrameType
 import structlog
 from prometheus_client import CollectorRegistry
 
-from . import __version__, config, logs, tracing
+from . import config, logs, tracing
 from .errors import ConfigError, StartupError
 from .events import Observer, Observers, Tally
 from .importer import refuse_a_path
 from .metrics import Metrics
 from .process import Named, Process, configure, find_handlers
 from .telemetry import TelemetryServer
+from .version import __version__
 from .worker import Worker
 
 EXIT_STARTUP = 1

@@ -14,13 +14,15 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .lanes import HANDED_BACK_BEHIND
-
 if TYPE_CHECKING:
     from .config import WorkerConfig
     from .errors import Retry, TransportError
     from .message import Message
     from .transports import QueueInfo
+
+
+# Why a FIFO group's later messages go back to the queue (the ``returned`` event's reason).
+HANDED_BACK_BEHIND = "an earlier message of its group comes back first"
 
 
 class Observer:

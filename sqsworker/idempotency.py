@@ -175,7 +175,7 @@ class Idempotency:
 
     def complete(self, message: Message) -> bool:
         """Mark the key done after success; False if another claim had taken it meanwhile."""
-        claim = message.idempotency
+        claim = _claim_of(message)
         if claim is None:
             return True
         self._settle(claim)
@@ -186,7 +186,7 @@ class Idempotency:
 
     def release(self, message: Message) -> None:
         """Forget the claim after a failure, so the retry can run."""
-        claim = message.idempotency
+        claim = _claim_of(message)
         if claim is None:
             return
         self._settle(claim)
@@ -295,7 +295,7 @@ class ClaimKeeper:
 
     def track(self, message: Message, expires_at: float) -> None:
         """Keep ``message``'s claim, written to expire at ``expires_at``, ahead of its lease."""
-        claim = message.idempotency
+        claim = _claim_of(message)
         assert claim is not None
         with self._wake:
             self._claims[claim.owner] = _Tracked(message, claim, expires_at)
@@ -429,3 +429,11 @@ class ClaimKeeper:
                     t.stored = max(t.stored, expires_at)
         for message in lost:
             self.on_claim_lost(message, "the claim lapsed and another worker took the key")
+
+
+def _claim_of(message: Message) -> Claim | None:
+    """The message's claim, made by ``Idempotency.admit`` (a ``Message`` knows it only as
+    something with a ``transaction``)."""
+    claim = message.idempotency
+    assert claim is None or isinstance(claim, Claim)
+    return claim

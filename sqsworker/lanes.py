@@ -24,9 +24,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .lease import Held
 
-# Why a lane's later messages go back to the queue (the ``returned`` event's reason).
-HANDED_BACK_BEHIND = "an earlier message of its group comes back first"
-
 
 class Line:
     """A standard queue: first come, first taken, no order kept between messages."""

@@ -25,8 +25,7 @@ import structlog
 from . import tracing
 from .batches import BatchItemFailed
 from .errors import Reject
-from .events import Observer
-from .lanes import HANDED_BACK_BEHIND
+from .events import HANDED_BACK_BEHIND, Observer
 
 if TYPE_CHECKING:
     from .config import WorkerConfig

@@ -8,18 +8,29 @@ import uuid
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
 from .errors import MessageDecodeError
-from .payloads import Payloads, Pointer, pointer_of
+from .parsing import parser
+from .pointers import Pointer, pointer_of
 from .transports import Envelope
 
-if TYPE_CHECKING:
-    from .idempotency import Claim
-
 T = TypeVar("T")
+
+
+class Bodies(Protocol):
+    """Where offloaded bodies are fetched from (``payloads.Payloads``)."""
+
+    def fetch(self, pointer: Pointer) -> str: ...
+
+
+class Claim(Protocol):
+    """The idempotency claim of a message's key, as its handler sees it
+    (``idempotency.Claim``)."""
+
+    def transaction(self) -> AbstractContextManager[Any]: ...
 
 
 class Lease(Protocol):
@@ -121,7 +132,7 @@ class Message:
         """
         return pointer_of(self._envelope.body, self._envelope.message_attributes)
 
-    def fetch_body(self, payloads: Payloads) -> None:
+    def fetch_body(self, payloads: Bodies) -> None:
         """Fetch an offloaded body from S3 (once), so that ``body`` is the sender's."""
         pointer = self.offloaded_to
         if pointer is not None and self._payload is None:
@@ -221,8 +232,6 @@ class Message:
         """The body as ``model`` (a pydantic model, a dataclass or a TypedDict), validated;
         ``MessageValidationError`` (a ``Reject``) naming each field that is not. For batch
         handlers, whose messages are not parsed for them."""
-        from .typed import parser
-
         value: T = parser(model)(self.body, self.message_id)
         return value
 

@@ -19,11 +19,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import __version__
 from .clock import Clock, SystemClock
 from .config import MAX_VISIBILITY
-from .events import Observer
-from .lanes import HANDED_BACK_BEHIND
+from .events import HANDED_BACK_BEHIND, Observer
+from .version import __version__
 
 if TYPE_CHECKING:
     from .errors import Retry, TransportError

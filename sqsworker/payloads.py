@@ -17,67 +17,41 @@ import json
 import threading
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from .errors import ConfigError, PayloadMissing, PayloadUnavailable
 from .events import Observer
+from .pointers import (  # the wire format's names, read here too
+    KEY_ATTRIBUTE,
+    LEGACY_SIZE_ATTRIBUTE,
+    POINTER_CLASS,
+    SIZE_ATTRIBUTE,
+    Pointer,
+)
+from .pointers import (
+    LEGACY_POINTER_CLASS as LEGACY_POINTER_CLASS,
+)
+from .pointers import (
+    is_offloaded as is_offloaded,
+)
+from .pointers import (
+    pointer_of as pointer_of,
+)
 from .transports import OutgoingMessage
 
 if TYPE_CHECKING:
     from .message import Message
 
-POINTER_CLASS = "software.amazon.payloadoffloading.PayloadS3Pointer"
-LEGACY_POINTER_CLASS = "com.amazon.sqs.javamessaging.MessageS3Pointer"
-SIZE_ATTRIBUTE = "ExtendedPayloadSize"
-LEGACY_SIZE_ATTRIBUTE = "SQSLargePayloadSize"
-KEY_ATTRIBUTE = "S3Key"  # a sender's own object key, as the extended clients take it
 MAX_ATTRIBUTES = 10  # SQS's limit of message attributes per message
 # S3's answers that mean the object will not appear by asking again.
 _GONE_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "InvalidBucketName"})
 _DELETE_CHUNK = 1000  # keys a DeleteObjects request takes
 
 log = structlog.get_logger("sqsworker.payloads")
-
-
-@dataclass(frozen=True)
-class Pointer:
-    bucket: str
-    key: str
-
-    def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
-
-
-def is_offloaded(message_attributes: Mapping[str, Any]) -> bool:
-    """True when a message says its body is in S3: it has the size attribute."""
-    return SIZE_ATTRIBUTE in message_attributes or LEGACY_SIZE_ATTRIBUTE in message_attributes
-
-
-def pointer_of(body: str, message_attributes: Mapping[str, Any]) -> Pointer | None:
-    """Where an offloaded message's body is; None for a message that carries its body.
-
-    A message is offloaded when it has the size attribute; then a body that is not a
-    pointer raises ``PayloadMissing``.
-    """
-    if not is_offloaded(message_attributes):
-        return None
-    try:
-        kind, place = json.loads(body)
-        bucket, key = place["s3BucketName"], place["s3Key"]
-    except Exception:  # any body a producer sent: nesting deep enough is a RecursionError
-        bucket = key = kind = None
-    if kind not in (POINTER_CLASS, LEGACY_POINTER_CLASS) or not (
-        isinstance(bucket, str) and isinstance(key, str) and bucket and key
-    ):
-        raise PayloadMissing(
-            f"the message has the {SIZE_ATTRIBUTE} attribute of an offloaded body, but its "
-            f"body is not an S3 pointer ({body[:120]!r})"
-        )
-    return Pointer(bucket, key)
 
 
 class Payloads:

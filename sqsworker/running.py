@@ -20,7 +20,7 @@ import structlog
 from . import batches, coroutines, tracing
 from .admission import Step
 from .coroutines import EventLoopRunner
-from .lanes import HANDED_BACK_BEHIND
+from .events import HANDED_BACK_BEHIND
 
 if TYPE_CHECKING:
     from .admission import Admission

@@ -76,7 +76,7 @@ def _from_environment() -> Any:
         if provider is None:
             return None
         trace.set_tracer_provider(provider)
-    from . import __version__
+    from .version import __version__
 
     return provider.get_tracer("sqsworker", __version__)
 

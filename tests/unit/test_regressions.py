@@ -21,8 +21,7 @@ from botocore.exceptions import ClientError
 from sqsworker import Message, Retry, Worker, WorkerConfig, cli
 from sqsworker.clock import FakeClock
 from sqsworker.errors import ConfigError, LeaseLost, TransportError
-from sqsworker.events import Observer, Tally
-from sqsworker.lanes import HANDED_BACK_BEHIND
+from sqsworker.events import HANDED_BACK_BEHIND, Observer, Tally
 from sqsworker.lease import LeaseKeeper
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import (

@@ -11,8 +11,8 @@ import pytest
 
 from sqsworker import Backoff, Message
 from sqsworker.clock import FakeClock
-from sqsworker.settling import Settler
 from sqsworker.errors import TransportError
+from sqsworker.settling import Settler
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS
@@ -117,8 +117,8 @@ def test_duplicates_on_their_last_attempt_do_not_starve_other_messages(
 
 
 def test_a_step_that_fails_after_a_duplicate_was_deferred_settles_it_once(
-    memory: MemorySQS, clock: FakeClock
-, monkeypatch: pytest.MonkeyPatch) -> None:
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A step of ours raises after ``_admit`` put a busy key's duplicate among the
     deferred (here the span's "deferred" note; any step after the append is the same).
     ``_contain`` returns the message and the thread finishes it, but it stays in

@@ -22,8 +22,8 @@ from .helpers import Gate, Rig, keyed
 
 
 def test_a_step_failing_after_a_deferral_the_shutdown_took_does_not_finish_it_twice(
-    memory: MemorySQS, clock: FakeClock
-, monkeypatch: pytest.MonkeyPatch) -> None:
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A busy key's duplicate is put among the deferred; before the next step of ours
     fails (here the span's "deferred" note), the shutdown drains ``_deferred``: it counts
     the duplicate out of ``_unfinished`` and hands it back. ``_contain`` then removes
@@ -79,8 +79,8 @@ def test_a_step_failing_after_a_deferral_the_shutdown_took_does_not_finish_it_tw
 
 
 def test_a_step_failing_after_a_deferral_another_thread_took_leaves_its_run_alone(
-    memory: MemorySQS, clock: FakeClock
-, monkeypatch: pytest.MonkeyPatch) -> None:
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """As above, but it is another handler thread that takes the duplicate from
     ``_deferred`` before the failing step: its key is free by then (the first delivery
     asked for a retry), so that thread claims the key and runs the handler on it.
@@ -160,8 +160,8 @@ class Abort(BaseException):
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # by design
 def test_a_fault_after_a_deferral_on_the_one_message_path_leaves_it_in_the_deferred(
-    memory: MemorySQS, clock: FakeClock
-, monkeypatch: pytest.MonkeyPatch) -> None:
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A step of ours raises a BaseException after ``_admit`` put a busy key's duplicate
     among the deferred. ``_work`` returns it at once and finishes it, and its thread ends,
     as designed, but the entry stays in ``_deferred`` (the batch path removes it; this one
@@ -210,8 +210,8 @@ def test_a_fault_after_a_deferral_on_the_one_message_path_leaves_it_in_the_defer
 
 
 def test_a_batch_step_failing_after_a_deferral_the_shutdown_took_does_not_finish_it_twice(
-    memory: MemorySQS, clock: FakeClock
-, monkeypatch: pytest.MonkeyPatch) -> None:
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The first test's defect on the batch path: ``_prepare`` contains the duplicate whose
     entry the shutdown already drained, returns DONE, and ``_work_batches`` finishes it a
     second time; the shutdown then ends "clean" under the running batch.

@@ -13,8 +13,8 @@ import pytest
 
 import sqsworker
 from sqsworker.errors import HandlerShapeError, MessageValidationError
+from sqsworker.parsing import check
 from sqsworker.testing import Harness
-from sqsworker.typed import check
 
 
 @dataclasses.dataclass
