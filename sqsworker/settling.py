@@ -113,9 +113,11 @@ def decide(
         return Decision(Action.RETURN, delay, BUSY_REASON)
     if outcome in (Outcome.RETRY, Outcome.FAILED):  # a failing backoff is a step failing
         last = max_receive_count is not None and receive_count >= max_receive_count
-        if not last and delay is None:
+        if last:
+            delay = 0.0
+        elif delay is None:  # the handler's Retry gives its delay as it wrote it
             delay = backoff(receive_count)
-        return Decision(Action.RETURN, 0.0 if last else delay or 0.0, "retry", last_attempt=last)
+        return Decision(Action.RETURN, delay, "retry", last_attempt=last)
     reason = {Outcome.COPY_REFUSED: COPY_REFUSED_REASON, Outcome.STEP_FAILED: WORKER_ERROR}
     try:
         last = max_receive_count is not None and receive_count >= max_receive_count
