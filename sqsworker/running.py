@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from .handler import Handler
     from .inbox import Inbox
     from .lease import Held, LeaseKeeper
-    from .receiving import Receiver
     from .settling import Settler
     from .transports import Transport
 
@@ -47,7 +47,7 @@ class Runner:
         keeper: LeaseKeeper,
         admission: Admission,
         settler: Settler,
-        receiver: Receiver,
+        finished: Callable[[float], None],
         transport: Transport,
         clock: Clock,
         observer: Observer,
@@ -59,7 +59,7 @@ class Runner:
         self.keeper = keeper
         self.admission = admission
         self.settler = settler
-        self.receiver = receiver
+        self.finished = finished  # told each message's time on its thread (the pace)
         self.transport = transport
         self.clock = clock
         self.observer = observer
@@ -93,7 +93,7 @@ class Runner:
         with self.inbox.lock:
             for later in self.inbox.finish(held):
                 self.keeper.release(later, 0, HANDED_BACK_BEHIND, urgent=True)
-            self.receiver.finished(took)
+            self.finished(took)
 
     def _begin(self, held: Held) -> bool:
         if self.keeper.begin(held):
@@ -285,7 +285,7 @@ class Coroutines(Runner):
     thread. The steps before and after the handler that may block (S3, the idempotency
     store, a dead-letter copy) run on a helper thread."""
 
-    def __init__(self, *args: Any, stall_timeout: float, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.loop = EventLoopRunner(
             self.concurrency,
@@ -295,7 +295,6 @@ class Coroutines(Runner):
             self.observer,
             give_back=self._give_back,
         )
-        self.stall_timeout = stall_timeout
 
     def start(self) -> None:
         self.loop.start()

@@ -105,8 +105,8 @@ def decide(
     if outcome in (Outcome.SUCCEEDED, Outcome.DUPLICATE):
         return Decision(Action.DELETE, urgent=blocks_its_group)
     if outcome is Outcome.REJECTED:
-        if dead_letter_queue:
-            return Decision(Action.DEAD_LETTER)
+        if dead_letter_queue:  # deleted at once: until then a crash copies it again
+            return Decision(Action.DEAD_LETTER, urgent=True)
         return Decision(Action.RETURN, backoff_max, NO_DEAD_LETTER_QUEUE)
     if outcome is Outcome.BUSY:
         assert delay is not None
@@ -161,7 +161,7 @@ class Settler:
         # redrive moves them (ids only, the latest few thousand).
         self.refused_copies = RecentIds(4096)
 
-    def decide(self, outcome: Outcome, held: Held, delay: float | None = None) -> Decision:
+    def _decision(self, outcome: Outcome, held: Held, delay: float | None = None) -> Decision:
         info = self.transport.info
         return decide(
             outcome,
@@ -205,7 +205,7 @@ class Settler:
         message = held.message
         self.complete_claim(message)
         self._done_with_body(message)
-        self._carry_out(held, self.decide(Outcome.SUCCEEDED, held))
+        self._carry_out(held, self._decision(Outcome.SUCCEEDED, held))
         self.traced(message, "succeeded")
         self.observer.handler_succeeded(message, self.clock.monotonic() - started)
 
@@ -213,7 +213,7 @@ class Settler:
         """Its key was done before: deleted unrun."""
         message = held.message
         self._done_with_body(message)
-        self._carry_out(held, self.decide(Outcome.DUPLICATE, held))
+        self._carry_out(held, self._decision(Outcome.DUPLICATE, held))
         self.traced(message, "duplicate")
         self.observer.duplicate_suppressed(message)
 
@@ -223,7 +223,7 @@ class Settler:
         message = held.message
         self.release_claim(message)
         outcome = Outcome.RETRY if isinstance(exc, Retry) else Outcome.FAILED
-        decision = self.decide(outcome, held, delay)
+        decision = self._decision(outcome, held, delay)
         self._carry_out(held, decision)
         duration = self.clock.monotonic() - started
         delay, last = decision.delay, decision.last_attempt
@@ -237,7 +237,7 @@ class Settler:
     def busy(self, held: Held, retry_in: float) -> None:
         """Its key is in progress elsewhere and it may not be held (a FIFO batch: held, it
         could be taken to run beside its group's earlier messages)."""
-        self._carry_out(held, self.decide(Outcome.BUSY, held, retry_in))
+        self._carry_out(held, self._decision(Outcome.BUSY, held, retry_in))
         self.traced(held.message, "deferred", retry_in=retry_in)
         self.observer.duplicate_deferred(held.message, retry_in)
 
@@ -246,7 +246,7 @@ class Settler:
         redrive moves it."""
         if held.message.message_id not in self.refused_copies:
             return False
-        self._carry_out(held, self.decide(Outcome.COPY_REFUSED, held))
+        self._carry_out(held, self._decision(Outcome.COPY_REFUSED, held))
         return True
 
     def reject(self, held: Held, exc: BaseException, started: float) -> None:
@@ -254,7 +254,7 @@ class Settler:
         message = held.message
         self.release_claim(message)
         duration = self.clock.monotonic() - started
-        decision = self.decide(Outcome.REJECTED, held)
+        decision = self._decision(Outcome.REJECTED, held)
         if decision.action is Action.RETURN:
             # Nowhere safe to put it and deleting would lose it: keep it, retried rarely.
             self._carry_out(held, decision)
@@ -276,8 +276,7 @@ class Settler:
         except (TransportError, StartupError) as error:
             self._copy_failed(held, exc, error, duration)
             return
-        # At once: until this delete, a crash leaves the original to be copied again.
-        self.keeper.succeed(held, urgent=True)
+        self._carry_out(held, decision)
         self.traced(message, "rejected", exc, dead_letter_queue=dlq.info.name)
         self.observer.handler_rejected(message, exc, duration, dlq.info.name)
 
@@ -290,13 +289,13 @@ class Settler:
             # own redrive moves it after maxReceiveCount receives. Until then this worker
             # returns it unrun whenever it comes.
             self.refused_copies.add(message.message_id)
-            self._carry_out(held, self.decide(Outcome.COPY_REFUSED, held))
+            self._carry_out(held, self._decision(Outcome.COPY_REFUSED, held))
             self.traced(message, "rejected", exc, dead_letter_copy_refused=str(error))
             self.observer.rejected_copy_refused(message, exc, str(error))
             return
         failure = error if isinstance(error, TransportError) else TransportError(str(error))
         self.observer.request_failed("SendMessageBatch", failure)
-        decision = self.decide(Outcome.COPY_FAILED, held)
+        decision = self._decision(Outcome.COPY_FAILED, held)
         self._carry_out(held, decision)
         retry_in, last = decision.delay, decision.last_attempt
         self.traced(message, "failed", error, retry_in=retry_in, last_attempt=last)
@@ -325,7 +324,7 @@ class Settler:
         if self.remover is not None:
             self.remover.forget(message)  # it comes back: its body is needed
         self.release_claim(message)
-        decision = self.decide(Outcome.STEP_FAILED, held)
+        decision = self._decision(Outcome.STEP_FAILED, held)
         self._carry_out(held, decision)
         delay, last = decision.delay, decision.last_attempt
         with contextlib.suppress(Exception):  # the span is a nicety; the thread goes on
@@ -342,12 +341,12 @@ class Settler:
     # -- the steps every decision takes ---------------------------------------------------
 
     def _carry_out(self, held: Held, decision: Decision) -> None:
-        if decision.action is Action.DELETE:
-            self.keeper.succeed(held, urgent=decision.urgent)
-        elif decision.action is Action.RETURN:
+        """The delete or return queued with the lease keeper. A dead-letter decision's
+        copy was sent by ``reject``: what is left of it is the delete."""
+        if decision.action is Action.RETURN:
             self.keeper.release(held, decision.delay, decision.reason)
-        else:  # a dead-letter copy is sent by ``reject`` itself, before its delete
-            raise ValueError(f"{decision} is carried out by reject")
+        else:
+            self.keeper.succeed(held, urgent=decision.urgent)
 
     def complete_claim(self, message: Message) -> None:
         if self.idempotency is None:

@@ -30,7 +30,7 @@ from .inbox import Inbox
 from .lease import MAX_SENDERS, LeaseKeeper
 from .payloads import Payloads, RemoveAfterDelete
 from .policies import Backoff
-from .receiving import Receiver, Room
+from .receiving import Pace, Receiver, Room
 from .running import Batches, Coroutines, Runner, Threads, helper_threads
 from .settling import Settler
 from .transports import MAX_BATCH, Transport
@@ -111,12 +111,29 @@ class Worker:
         self.runner: Runner | None = None
 
     # The sizes, by the names the docs and the metrics use.
-    slots = property(lambda self: self.room.slots)
-    capacity = property(lambda self: self.room.capacity)
-    pollers = property(lambda self: self.room.pollers)
-    max_deferred = property(lambda self: self.room.max_deferred)
-    held_bound = property(lambda self: self.room.held_bound)
-    pace = property(lambda self: self.receiver.pace)
+    @property
+    def slots(self) -> int:
+        return self.room.slots
+
+    @property
+    def capacity(self) -> int:
+        return self.room.capacity
+
+    @property
+    def pollers(self) -> int:
+        return self.room.pollers
+
+    @property
+    def max_deferred(self) -> int:
+        return self.room.max_deferred
+
+    @property
+    def held_bound(self) -> int:
+        return self.room.held_bound
+
+    @property
+    def pace(self) -> Pace | None:
+        return self.receiver.pace
 
     @property
     def transport(self) -> Transport:
@@ -234,14 +251,14 @@ class Worker:
             keeper,
             admission,
             settler,
-            self.receiver,
+            self.receiver.finished,
             self.transport,
             self.clock,
             self.observer,
             self.tracer,
         )
         if self.handler.is_async:
-            return Coroutines(*parts, stall_timeout=self.config.stall_timeout)
+            return Coroutines(*parts)
         if self.handler.is_batch:
             return Batches(*parts, size=self.batch_size, window=self.batch_window)
         return Threads(*parts)

@@ -57,7 +57,7 @@ TABLE: list[tuple[Outcome, int, int | None, bool, float | None, bool, Decision]]
     (Outcome.RETRY, 1, 3, True, None, False, back(10.0)),
     (Outcome.RETRY, 3, 3, True, 5.0, False, back(0.0, last=True)),
     # Rejected: to the dead-letter queue; kept, retried rarely, when there is none.
-    (Outcome.REJECTED, 1, 3, True, None, False, Decision(Action.DEAD_LETTER)),
+    (Outcome.REJECTED, 1, 3, True, None, False, Decision(Action.DEAD_LETTER, urgent=True)),
     (Outcome.REJECTED, 1, None, False, None, False, back(BACKOFF_MAX, NO_DEAD_LETTER_QUEUE)),
     # Its copy failed, or is refused: back after its backoff, never sooner.
     (Outcome.COPY_FAILED, 1, 3, True, None, False, back(10.0)),
