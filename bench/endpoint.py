@@ -7,7 +7,11 @@ answers at once (or after ``--latency-ms``, without holding up other connections
 does no bookkeeping: every ``ReceiveMessage`` returns as many fresh messages as were asked
 for (a new message id and receipt handle each), every batch call reports each entry done,
 every queue exists. So a consumer measured against it pays only for its own work: its
-client, its threads, its handler. Signatures are not checked.
+client, its threads, its handler. Signatures are not checked. A queue serves ``{"n": 1}``
+until messages are sent to it; from then on, copies of the last 1,000 sent to it, in turn
+(body and message attributes): a framework with an envelope of its own (Celery, dramatiq,
+sqs-workers) sends some with its own producer, and is then served endless copies (a
+framework that tracks its tasks by ID meets one ID again only 1,000 messages later).
 
 It prints its URL (``http://127.0.0.1:PORT``) on the first line of stdout, and answers
 ``GET /stats`` with a JSON object: requests by action, and messages received, deleted,
@@ -62,6 +66,8 @@ class Service:
         self.requests: Counter[str] = Counter()
         self.messages: Counter[str] = Counter()
         self._next = 0
+        self._served: dict[str, list[dict[str, Any]]] = {}  # queue name: the last sent
+        self._turn: Counter[str] = Counter()  # queue name: the next of them to serve
 
     def stats(self) -> dict[str, Any]:
         return {"requests": dict(self.requests), **self.messages}
@@ -112,16 +118,18 @@ class Service:
         }
         first, self._next = self._next, self._next + count
         self.messages["received"] += count
+        name = self._name(params)
+        served = self._served.get(name) or [{"Body": BODY, "MD5OfBody": BODY_MD5}]
+        turn, self._turn[name] = self._turn[name], self._turn[name] + count
         return {
             "Messages": [
                 {
                     "MessageId": f"00000000-0000-4000-8000-{n:012x}",
                     "ReceiptHandle": f"{n:012d}{HANDLE_TAIL}",
-                    "MD5OfBody": BODY_MD5,
-                    "Body": BODY,
+                    **served[(turn + i) % len(served)],
                     "Attributes": attributes,
                 }
-                for n in range(first, first + count)
+                for i, n in enumerate(range(first, first + count))
             ]
         }
 
@@ -149,15 +157,22 @@ class Service:
     def _SendMessage(self, params: dict[str, Any]) -> dict[str, Any]:
         self.messages["sent"] += 1
         body = str(params.get("MessageBody", ""))
+        digest = hashlib.md5(body.encode()).hexdigest()
+        served: dict[str, Any] = {"Body": body, "MD5OfBody": digest}
+        if params.get("MessageAttributes"):
+            served["MessageAttributes"] = params["MessageAttributes"]
+        sent = self._served.setdefault(self._name(params), [])
+        sent.append(served)
+        del sent[:-1000]
         return {
             "MessageId": f"00000000-0000-4000-9000-{self.messages['sent']:012x}",
-            "MD5OfMessageBody": hashlib.md5(body.encode()).hexdigest(),
+            "MD5OfMessageBody": digest,
         }
 
     def _SendMessageBatch(self, params: dict[str, Any]) -> dict[str, Any]:
         successful = []
         for entry in params.get("Entries", []):
-            sent = self._SendMessage({"MessageBody": entry.get("MessageBody", "")})
+            sent = self._SendMessage({**entry, "QueueUrl": params.get("QueueUrl", "")})
             successful.append({"Id": entry["Id"], **sent})
         return {"Successful": successful, "Failed": []}
 
