@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import statistics
@@ -54,6 +55,7 @@ PEERS = ROOT / "bench" / ".venv-peers"
 REQUIREMENTS = ROOT / "bench" / "peers-requirements.txt"
 STAMP = PEERS / ".installed"
 TICK = os.sysconf("SC_CLK_TCK")
+RESULTS = ROOT / "bench" / "results" / "peers.json"
 EXIT_LIMIT = 40.0  # seconds a consumer gets to exit after SIGTERM before SIGKILL
 
 
@@ -138,7 +140,10 @@ def consumers(peers: Path) -> list[Consumer]:
         Consumer("dramatiq", "dramatiq", dramatiq, "`dramatiq`: a process per core, 8 threads"),
         Consumer("sqs-workers", "sqs_workers", sqs_workers, "`queue.process_queue()`: one thread"),
         Consumer("naive loop", "plain", naive, "receive 10, run and delete each; one thread"),
-        Consumer("boto3 loop", "plain", boto3_loop, "receive 10, delete batch of 10; one thread"),
+        Consumer(
+            "boto3 loop", "plain", boto3_loop, "receive 10, delete batch of 10; one thread",
+            measures=("throughput",),
+        ),
     ]  # fmt: skip
 
 
@@ -454,8 +459,13 @@ def main() -> None:
                                 f"{sig.name}, {consumer.name}: {results[consumer.name]}", flush=True
                             )
     report(chosen, rates, slow, terms, kills, args)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(
+        json.dumps({"throughput": rates, "slow": slow, "SIGTERM": terms, "SIGKILL": kills})
+    )
+    print(f"\nevery run: {RESULTS}")
     if rates and slow:
-        chart(chosen, rates, slow, terms, args.chart)
+        chart(chosen, rates, slow, terms, kills, args.chart)
         print(f"\nchart: {args.chart}")
 
 
@@ -477,14 +487,25 @@ def report(
             f"of {args.seconds:g} s):\n"
         )
         print("| consumer | as run | msg/s | cores busy | msg/s per core | CPU µs/msg "
-              "| requests/msg |")  # fmt: skip
-        print("|---|---|---:|---:|---:|---:|---:|")
+              "| / boto3 loop | requests/msg |")  # fmt: skip
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        floor = rates.get("boto3 loop")
         for c in chosen:
             if c.name in rates:
                 m = medians(rates[c.name])
+                # Each round's CPU a message over the bare loop's of the same round.
+                ratio = (
+                    statistics.median(
+                        run["cpu_us"] / base["cpu_us"]
+                        for run, base in zip(rates[c.name], floor, strict=True)
+                    )
+                    if floor
+                    else float("nan")
+                )
                 print(
                     f"| {c.name} | {c.how} | {m['rate']:,.0f} | {m['cores']:.2f} "
-                    f"| {1e6 / m['cpu_us']:,.0f} | {m['cpu_us']:.0f} | {m['requests']:.3f} |"
+                    f"| {1e6 / m['cpu_us']:,.0f} | {m['cpu_us']:,.0f} | {ratio:.2f} "
+                    f"| {m['requests']:.3f} |"
                 )
     if slow:
         print(
@@ -525,6 +546,7 @@ def chart(
     rates: dict[str, list[dict[str, float]]],
     slow: dict[str, dict[str, Any]],
     terms: dict[str, dict[str, Any]],
+    kills: dict[str, dict[str, Any]],
     path: Path,
 ) -> None:
     import matplotlib
@@ -535,22 +557,28 @@ def chart(
     fast = [c.name for c in chosen if c.name in rates]
     m = {name: medians(rates[name]) for name in fast}
     tried = [c.name for c in chosen if c.name in slow]
+    termed = [c.name for c in chosen if c.name in terms]
+    killed = [c.name for c in chosen if c.name in kills]
     panels = [
-        ("msg/s per core (higher is better)", fast, [1e6 / m[n]["cpu_us"] for n in fast]),
+        ("msg/s per core busy (higher is better)", fast, [1e6 / m[n]["cpu_us"] for n in fast]),
         ("CPU µs a message (lower is better)", fast, [m[n]["cpu_us"] for n in fast]),
         ("SQS requests a message (lower is better)", fast, [m[n]["requests"] for n in fast]),
-        ("slow handler: extra runs of 4 messages\n(lower is better)", tried,
+        ("slow handler: extra runs of 4 messages (lower is better)", tried,
          [slow[n]["extra"] for n in tried]),
-        ("SIGTERM: s until every message not done\nis visible again (lower is better)", tried,
-         [terms[n]["back"] if terms[n]["back"] is not None else 36 for n in tried]),
+        ("SIGTERM: s until every message not done is visible\n(lower is better)", termed,
+         [terms[n]["back"] if terms[n]["back"] is not None else 36 for n in termed]),
+        ("SIGKILL: messages lost (lower is better)", killed, [kills[n]["lost"] for n in killed]),
     ]  # fmt: skip
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4.6))
-    for ax, (title, names, values) in zip(axes, panels, strict=True):
-        colours = ["#2b8a3e" if n == "sqsworker" else "#adb5bd" for n in names]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 9))
+    for ax, (title, names, values) in zip(axes.flat, panels, strict=True):
+        colours = ["#2b8a3e" if n.startswith("sqsworker") else "#adb5bd" for n in names]
         bars = ax.bar(names, values, color=colours)
-        ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], fontsize=7)
-        ax.set_title(title, fontsize=9)
-        ax.tick_params(axis="x", labelrotation=60, labelsize=8)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in values])
+        ax.set_ylim(0, max([*values, 0.8]) * 1.15)
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="x", labelrotation=35, labelsize=8)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
     fig.suptitle("sqsworker and the consumers users pick instead (python -m bench.peers)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -7,25 +7,16 @@ Plain bodies (the message's body is the job's ID).
 from __future__ import annotations
 
 import os
-import signal
 
 import boto3
 
 from . import work
 
-stopping = False
-
-
-def stop(signum: int, frame: object) -> None:
-    global stopping
-    stopping = True
-
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, stop)
     client = boto3.client("sqs")
     url = os.environ["PEER_QUEUE_URL"]
-    while not stopping:
+    while True:
         messages = client.receive_message(
             QueueUrl=url,
             MaxNumberOfMessages=10,
