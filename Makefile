@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The demo needs only the package and the embedded SQS (no Spark, no test tools).
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: demo test lint typecheck check bench clean
+.PHONY: demo test lint typecheck check bench bench-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,9 +38,23 @@ typecheck: $(STAMP)
 
 check: lint typecheck test
 
-bench: $(STAMP)
+# The frameworks bench.peers compares sqsworker with, in a venv of their own: they are
+# not dependencies of sqsworker (bench/peers-requirements.txt pins them).
+PEERS := bench/.venv-peers
+$(PEERS)/.installed: bench/peers-requirements.txt
+	$(PYTHON) -m venv --clear $(PEERS)
+	$(PEERS)/bin/pip install --quiet -r bench/peers-requirements.txt
+	touch $@
+
+bench: $(STAMP) $(PEERS)/.installed
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.compare
+	$(BIN)/python -m bench.http
+	$(BIN)/python -m bench.peers
+
+# Only the comparison with other frameworks (docs/comparison.md), about 20 minutes.
+bench-peers: $(STAMP) $(PEERS)/.installed
+	$(BIN)/python -m bench.peers
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) $(PEERS) .pytest_cache .mypy_cache .ruff_cache .demo

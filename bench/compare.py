@@ -1,6 +1,7 @@
 """sqsworker against the naive consumer (``naive.py``), side by side on the same workloads.
 
-``python -m bench.compare [--chart PATH]`` prints the table and draws the chart.
+``python -m bench.compare [--chart PATH]`` prints the table and draws the chart (default
+bench/results/compare.png; docs/comparison.png is drawn by ``bench.peers``).
 """
 
 from __future__ import annotations
@@ -293,12 +294,13 @@ def chart(rows: list[Row], path: Path) -> None:
         ax.axis("off")
     fig.suptitle("sqsworker against a naive boto3-style consumer (python -m bench.compare)")
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--chart", type=Path, default=ROOT / "docs" / "comparison.png")
+    parser.add_argument("--chart", type=Path, default=ROOT / "bench" / "results" / "compare.png")
     parser.add_argument("--rss-messages", type=int, default=100_000)
     args = parser.parse_args()
     rows: list[Row] = []

@@ -21,3 +21,10 @@ def _line(text: str) -> None:
         os.write(fd, (text + "\n").encode())
     finally:
         os.close(fd)
+
+
+def peer(message: Message) -> None:
+    """The handler ``bench.peers`` gives every consumer (``bench/peer_apps/work.py``)."""
+    from .peer_apps import work
+
+    work.run(message.body)
