@@ -34,7 +34,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from .config import MAX_VISIBILITY
 from .lease_state import (
     LIVE,
-    TRANSITIONS,
     Call,
     Command,
     D,
@@ -55,6 +54,7 @@ from .lease_state import (
     S,
     State,
     W,
+    next_state,
 )
 from .transports import MAX_BATCH, EntryFailure, chunks
 
@@ -480,9 +480,7 @@ class LeaseMachine:
     # -- the one place a state changes -------------------------------------------------
 
     def _move(self, entry: Entry, event: Event) -> State:
-        state = TRANSITIONS.get((entry.state, event))
-        if state is None:
-            raise IllegalTransition(f"{event.value} in state {entry.state.value}")
+        state = next_state(entry.state, event)
         self.settling += (state is S) - (entry.state is S)
         entry.state = state
         return state

@@ -76,6 +76,14 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
 LIVE = (W, R, S)  # a tuple: `in` tests identity first
 
 
+def next_state(state: State, event: Event) -> State:
+    """The state ``event`` moves an entry in ``state`` to, by ``TRANSITIONS``."""
+    then = TRANSITIONS.get((state, event))
+    if then is None:
+        raise IllegalTransition(f"{event.value} in state {state.value}")
+    return then
+
+
 class Entry:
     """One held message's lease, as the machine keeps it."""
 
