@@ -338,7 +338,7 @@ class LeaseKeeper:
 
     # -- the machine's commands ------------------------------------------------------
 
-    def _take(self) -> list[Command]:
+    def _take(self) -> Sequence[Command]:
         """The machine's commands from the event just fed (the lock held); wakes those
         waiting on a lease if one was lost or reached the cap."""
         if self.machine.woke:

@@ -102,8 +102,10 @@ class LeaseMachine:
         # (extend(), delete_now()) should look again.
         self.woke = False
 
-    def take(self) -> list[Command]:
+    def take(self) -> Sequence[Command]:
         """The commands the events since the last take gave, in order."""
+        if not self._out:
+            return ()
         out, self._out = self._out, []
         return out
 
