@@ -472,8 +472,9 @@ class LeaseKeeper:
         """One batch of deletes, or of returns."""
         delete = call.ops[0].action == "delete"
         action = "DeleteMessageBatch" if delete else "ChangeMessageVisibilityBatch"
-        with self._lock:
-            entries = self.machine.sending(call, self.clock.monotonic())
+        # No lock: the call is this sender's alone, and what it reads of its entries (the
+        # receive's start, the op's delay) does not change once queued.
+        entries = self.machine.sending(call, self.clock.monotonic())
         try:
             if delete:
                 result = self.transport.delete_batch(
