@@ -187,7 +187,8 @@ class LeaseKeeper:
         with self._wake:
             began = self.machine.begin(held, self.clock.monotonic())
             commands = self._take()
-        self._carry_out(commands)
+        if commands:
+            self._carry_out(commands)
         return began
 
     def still_running(self, held: Held) -> bool:
@@ -195,7 +196,8 @@ class LeaseKeeper:
         with self._wake:
             running = self.machine.still_running(held, self.clock.monotonic())
             commands = self._take()
-        self._carry_out(commands)
+        if commands:
+            self._carry_out(commands)
         return running
 
     def defer(self, held: Held) -> None:
@@ -312,7 +314,8 @@ class LeaseKeeper:
                 ) is not None:
                     self.clock.wait(self._wake, until)
             commands = self._take()
-        self._carry_out(commands)
+        if commands:
+            self._carry_out(commands)
         if held.lost:  # found so, or set by the lease thread while this one waited
             raise LeaseLost(f"the lease of message {held.envelope.message_id} was lost")
         return held.seconds_left
@@ -334,7 +337,8 @@ class LeaseKeeper:
             if look_by == -math.inf or look_by < self._waiting_until:
                 self._wake.notify_all()
             commands = self._take()
-        self._carry_out(commands)
+        if commands:
+            self._carry_out(commands)
 
     # -- the machine's commands ------------------------------------------------------
 
@@ -408,7 +412,8 @@ class LeaseKeeper:
                     self._waiting_until = -math.inf
                     self.progress.step(self.stall_timeout)
                 commands = self._take()
-            self._carry_out(commands)
+            if commands:
+                self._carry_out(commands)
 
     def _hand_out(self, calls: list[Call]) -> None:
         """Queue the batch calls for the senders (the lock held)."""
@@ -460,13 +465,15 @@ class LeaseKeeper:
             with self._lock:
                 self.machine.broke(call, self.clock.monotonic())
                 commands = self._take()
-            self._carry_out(commands)
+            if commands:
+                self._carry_out(commands)
         finally:
             with self._wake:
                 self.machine.ended(call)
                 self._wake.notify_all()  # the lease thread, and extend() callers waiting
                 commands = self._take()
-        self._carry_out(commands)
+        if commands:
+            self._carry_out(commands)
 
     def _settle(self, call: Call) -> None:
         """One batch of deletes, or of returns."""
@@ -494,14 +501,16 @@ class LeaseKeeper:
             with self._wake:
                 self.machine.settled(call, _failures(entries, result), self.clock.monotonic())
                 commands = self._take()
-        self._carry_out(commands)
+        if commands:
+            self._carry_out(commands)
 
     def _renew(self, call: Call) -> None:
         """Renew what is still ours to renew, decided now that the call goes out."""
         with self._wake:
             by_seconds = self.machine.renewing(call, self.clock.monotonic())
             commands = self._take()
-        self._carry_out(commands)
+        if commands:
+            self._carry_out(commands)
         for seconds, batch in by_seconds.items():
             self._renew_batch(batch, seconds)
 
@@ -521,4 +530,5 @@ class LeaseKeeper:
             now = self.clock.monotonic()
             self.machine.renewed(batch, seconds, started, _failures(batch, result), now)
             commands = self._take()
-        self._carry_out(commands)
+        if commands:
+            self._carry_out(commands)

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from .config import MAX_VISIBILITY
 from .lease_state import (
     LIVE,
+    TRANSITIONS,
     Call,
     Command,
     D,
@@ -482,7 +483,9 @@ class LeaseMachine:
     # -- the one place a state changes -------------------------------------------------
 
     def _move(self, entry: Entry, event: Event) -> State:
-        state = next_state(entry.state, event)
+        state = TRANSITIONS.get((entry.state, event))
+        if state is None:
+            state = next_state(entry.state, event)  # raises IllegalTransition, saying which
         self.settling += (state is S) - (entry.state is S)
         entry.state = state
         return state

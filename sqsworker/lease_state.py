@@ -35,6 +35,8 @@ class State(enum.Enum):
     DONE = "done"
     LOST = "lost"
 
+    __hash__ = object.__hash__  # members are unique: hashed by identity, in C (the table's keys)
+
 
 class Event(enum.Enum):
     BEGIN = "begin"  # its handler starts (refused unless WAITING)
@@ -44,6 +46,8 @@ class Event(enum.Enum):
     GONE = "gone"  # SQS said the receipt handle no longer owns the message
     REFUSED = "refused"  # SQS refused its delete or return for good
     CONFIRM = "confirm"  # SQS took its delete or return
+
+    __hash__ = object.__hash__
 
 
 W, R, S, D, L = State.WAITING, State.RUNNING, State.SETTLING, State.DONE, State.LOST
