@@ -100,11 +100,13 @@ def _message(entry: Entry) -> Message:
 
 
 def _messages(entries: Sequence[Entry]) -> list[Message]:
-    return [cast(Held, e).message for e in entries]
+    return [h.message for h in cast(Sequence[Held], entries)]
 
 
 def _failures(batch: Sequence[object], result: BatchResult) -> dict[int, EntryFailure]:
     """A batch result's failed entries by their index in ``batch`` (ids are indexes)."""
+    if not result.failed:
+        return {}
     by_id = {f.id: f for f in result.failed}
     return {i: by_id[str(i)] for i in range(len(batch)) if str(i) in by_id}
 
@@ -184,20 +186,24 @@ class LeaseKeeper:
 
     def begin(self, held: Held) -> bool:
         """Mark a waiting message as running; False if it was lost or handed back meanwhile."""
+        machine = self.machine
         with self._wake:
-            began = self.machine.begin(held, self.clock.monotonic())
+            began = machine.begin(held, self.clock.monotonic())
+            if not machine.out:  # nothing to report: the usual case
+                return began
             commands = self._take()
-        if commands:
-            self._carry_out(commands)
+        self._carry_out(commands)
         return began
 
     def still_running(self, held: Held) -> bool:
         """True if ``held`` is running on a lease that has not run out (checked now)."""
+        machine = self.machine
         with self._wake:
-            running = self.machine.still_running(held, self.clock.monotonic())
+            running = machine.still_running(held, self.clock.monotonic())
+            if not machine.out:  # nothing to report: the usual case
+                return running
             commands = self._take()
-        if commands:
-            self._carry_out(commands)
+        self._carry_out(commands)
         return running
 
     def defer(self, held: Held) -> None:
@@ -336,15 +342,17 @@ class LeaseKeeper:
             # busy message goes when that call's answer wakes it) or a batch is full.
             if look_by == -math.inf or look_by < self._waiting_until:
                 self._wake.notify_all()
+            if not self.machine.out:  # nothing to report: the usual case
+                return
             commands = self._take()
-        if commands:
-            self._carry_out(commands)
+        self._carry_out(commands)
 
     # -- the machine's commands ------------------------------------------------------
 
     def _take(self) -> Sequence[Command]:
         """The machine's commands from the event just fed (the lock held); wakes those
-        waiting on a lease if one was lost or reached the cap."""
+        waiting on a lease if one was lost or reached the cap. (An event that reports
+        nothing lost nor capped nothing: ``begin`` and the like skip this then.)"""
         if self.machine.woke:
             self.machine.woke = False
             self._wake.notify_all()

@@ -98,27 +98,29 @@ class LeaseMachine:
         # from then on (changed only through _renew_at, received, and the scan that sets
         # it exactly).
         self._renew_floor = math.inf
-        self._out: list[Command] = []
+        self.out: list[Command] = []  # the commands not taken yet (see ``take``)
         # Set when a lease was lost or can be renewed no more: whoever waits on one
         # (extend(), delete_now()) should look again.
         self.woke = False
 
     def take(self) -> Sequence[Command]:
         """The commands the events since the last take gave, in order."""
-        if not self._out:
+        if not self.out:
             return ()
-        out, self._out = self._out, []
+        out, self.out = self.out, []
         return out
 
     # -- events from the worker's threads --------------------------------------------
 
     def received(self, entries: Sequence[Entry]) -> None:
+        held = self.held
         for entry in entries:
-            if entry.handle in self.held:
+            if entry.handle in held:
                 raise IllegalTransition(f"receipt handle {entry.handle!r} is held already")
-            self.held[entry.handle] = entry
-            self._expiry_floor = min(self._expiry_floor, entry.expires_at)
-            self._renew_floor = min(self._renew_floor, entry.renew_at)
+            held[entry.handle] = entry
+        if entries:
+            self._expiry_floor = min(self._expiry_floor, *(e.expires_at for e in entries))
+            self._renew_floor = min(self._renew_floor, *(e.renew_at for e in entries))
 
     def begin(self, entry: Entry, now: float) -> bool:
         """Its handler starts; False if it was lost, settled or handed back meanwhile."""
@@ -159,7 +161,7 @@ class LeaseMachine:
         self._lapse(entry, now)
         if entry.state is L and (not allow_lost or entry.disowned):
             if op.action == "delete":
-                self._out.append(DeleteFailed(entry, DISOWNED, False))
+                self.out.append(DeleteFailed(entry, DISOWNED, False))
             return math.inf  # SQS returns it by itself (a delete now would change nothing)
         self._move(entry, Event.SETTLE)
         entry.outcome = op.action
@@ -237,7 +239,7 @@ class LeaseMachine:
             (e.expires_at for e in self.held.values() if e.state in LIVE), default=math.inf
         )
         if lapsed:
-            self._out.append(Room())
+            self.out.append(Room())
         return lapsed
 
     def due(self, now: float) -> list[Call]:
@@ -324,7 +326,7 @@ class LeaseMachine:
             budget = MAX_VISIBILITY - (now - entry.received_at)
             if budget < NEAR_CAP and not entry.near_cap_warned:
                 entry.near_cap_warned = True
-                self._out.append(NearCap(entry, budget))
+                self.out.append(NearCap(entry, budget))
             if seconds < 1:
                 self._renew_at(entry, math.inf)  # at the cap: it will expire and come back
                 self.woke = True  # an extend() waiting for a renewal returns
@@ -352,25 +354,25 @@ class LeaseMachine:
             elif failure.lease_lost:
                 self._lose(entry, Event.GONE, f"{failure.code}: {failure.message}")
                 if op.action == "delete":
-                    self._out.append(DeleteFailed(entry, DISOWNED, False))
+                    self.out.append(DeleteFailed(entry, DISOWNED, False))
             else:
                 lapsed = entry.state is L
                 if not lapsed:
                     retry.append(op)
                 if op.action == "delete":
                     reason = f"{failure.code}: {failure.message}"
-                    self._out.append(DeleteFailed(entry, reason, not lapsed))
+                    self.out.append(DeleteFailed(entry, reason, not lapsed))
         self._retry(retry, now)
         confirmed: list[Entry] = []
         for op in done:
             if op.action != "delete":
                 continue
             if op.entry.state is L:  # not a hand-back the delete overtook
-                self._out.append(DeletedAfterLeaseLost(op.entry))
+                self.out.append(DeletedAfterLeaseLost(op.entry))
             else:
                 confirmed.append(op.entry)
         if confirmed:
-            self._out.append(Deleted(confirmed))
+            self.out.append(Deleted(confirmed))
         by_reason: dict[tuple[int, str], list[Entry]] = {}
         for op in done:
             if op.action == "return":
@@ -378,7 +380,7 @@ class LeaseMachine:
         for (seconds, reason), entries in by_reason.items():
             if reason == "shutdown":
                 self.handed_back_count += len(entries)
-            self._out.append(Returned(entries, seconds, reason))
+            self.out.append(Returned(entries, seconds, reason))
 
     def settle_failed(self, call: Call, retryable: bool, reason: str, now: float) -> None:
         """A delete or return call failed whole: tried again in a second while the lease
@@ -391,7 +393,7 @@ class LeaseMachine:
         for op in call.ops:
             self._lose(op.entry, Event.REFUSED, reason)
             if op.action == "delete":
-                self._out.append(DeleteFailed(op.entry, reason, False))
+                self.out.append(DeleteFailed(op.entry, reason, False))
 
     def renewed(
         self,
@@ -425,12 +427,12 @@ class LeaseMachine:
                 self._lose(entry, Event.GONE, f"{failure.code}: {failure.message}")
             elif failure.past_cap:
                 self._renew_at(entry, math.inf)  # SQS says the cap is reached: it comes back
-                self._out.append(NearCap(entry, entry.left(now)))
+                self.out.append(NearCap(entry, entry.left(now)))
                 self.woke = True
             else:
                 self._renew_at(entry, started + RETRY_AFTER_ERROR)
         if extended:
-            self._out.append(Extended(extended, seconds))
+            self.out.append(Extended(extended, seconds))
 
     def renewal_failed(
         self, batch: Sequence[Entry], seconds: int, started: float, retryable: bool, now: float
@@ -459,7 +461,7 @@ class LeaseMachine:
             entry.renewing = False
         self.under_way -= 1
         if call.ops or any(e.state is L for e in call.renewals):
-            self._out.append(Room())
+            self.out.append(Room())
 
     # -- queries -----------------------------------------------------------------------
 
@@ -499,7 +501,7 @@ class LeaseMachine:
         if was is L:
             return
         self.held.pop(entry.handle, None)
-        self._out.append(LeaseLost(entry, reason))
+        self.out.append(LeaseLost(entry, reason))
         self.woke = True  # an extend() waiting on this lease returns
 
     def _lapse(self, entry: Entry, now: float) -> bool:
@@ -530,7 +532,7 @@ class LeaseMachine:
             self._lapse(op.entry, now)
             if op.entry.state is L:
                 if op.action == "delete":  # handled, and it may be delivered again
-                    self._out.append(DeleteFailed(op.entry, LAPSED, False))
+                    self.out.append(DeleteFailed(op.entry, LAPSED, False))
                 continue
             op.not_before = now + RETRY_AFTER_ERROR
             op.urgent = op.urgent or self.stopping  # a stop sends all it can
@@ -558,7 +560,7 @@ class LeaseMachine:
             if op.entry.state is not L or (op.action == "delete" and not op.entry.disowned):
                 keep.append(op)
             elif op.action == "delete":
-                self._out.append(DeleteFailed(op.entry, DISOWNED, False))
+                self.out.append(DeleteFailed(op.entry, DISOWNED, False))
         self.ops = keep
 
     def _renewable(self, settling_now: Sequence[Op] = ()) -> list[Entry]:
