@@ -115,8 +115,9 @@ class LeaseMachine:
     def received(self, entries: Sequence[Entry]) -> None:
         held = self.held
         for entry in entries:
-            if entry.handle in held:
+            if entry.handle in held:  # checked for all first: a refused batch changes nothing
                 raise IllegalTransition(f"receipt handle {entry.handle!r} is held already")
+        for entry in entries:
             held[entry.handle] = entry
         if entries:
             self._expiry_floor = min(self._expiry_floor, *(e.expires_at for e in entries))
