@@ -40,7 +40,6 @@ from sqsworker import BatchResult as BatchResult_
 from sqsworker.errors import ConfigError, LeaseLost, StoreError, TransportError
 from sqsworker.events import Observer, Observers
 from sqsworker.idempotency import CLAIM_MARGIN
-from sqsworker.lease import _LIVE, State
 from sqsworker.stores import Lease, Record
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import (
@@ -923,20 +922,8 @@ class World:
             if running.crashed or worker.keeper is None:
                 continue
             held = worker.keeper.held_count()
-            with worker.keeper._lock:
-                live = [h for h in worker.keeper._held.values() if h.state in _LIVE]
-                settling = sum(h.state is State.SETTLING for h in worker.keeper._held.values())
-                floor = worker.keeper._renew_floor
-            if live and floor > min(h.renew_at for h in live):
-                self.violation(
-                    f"worker {running.recorder.index}'s renewal floor {floor} is above a "
-                    f"held message's renewal at {min(h.renew_at for h in live)}"
-                )
-            if settling != worker.keeper.settling_count():
-                self.violation(
-                    f"worker {running.recorder.index} counts {worker.keeper.settling_count()} "
-                    f"settling, holds {settling}"
-                )
+            for broken in worker.keeper.check():  # the lease machine's own invariants
+                self.violation(f"worker {running.recorder.index}'s lease machine: {broken}")
             if held > worker.held_bound:
                 self.violation(
                     f"worker {running.recorder.index} holds {held} > {worker.held_bound}"

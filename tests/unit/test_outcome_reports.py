@@ -20,7 +20,8 @@ from sqsworker.clock import FakeClock
 from sqsworker.errors import ImportStringError, TransportError
 from sqsworker.events import Observers, Tally
 from sqsworker.importer import import_from_string
-from sqsworker.lease import Held, State
+from sqsworker.lease import Held
+from sqsworker.lease_state import State
 from sqsworker.logs import LogObserver, configure
 from sqsworker.metrics import Metrics
 from sqsworker.stores.memory import MemoryStore
