@@ -35,6 +35,7 @@ from ..errors import QueueNotFound, TransportError
 from . import (
     GROUP_ID,
     MAX_BATCH,
+    MAX_BATCH_BYTES,
     BatchResult,
     EntryFailure,
     Envelope,
@@ -47,7 +48,6 @@ from . import (
 DEDUP_WINDOW = 300.0
 DELETED_KEPT = 10_000  # deleted messages remembered, for deliver_again
 ATTEMPT_WINDOW = 300.0  # how long a FIFO receive can be retried with its ReceiveRequestAttemptId
-MAX_BATCH_PAYLOAD = 1_048_576  # the sum of a send batch's messages, whatever the queue's limit
 # Characters SQS accepts in a message body.
 _INVALID_BODY = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 # A ReceiveRequestAttemptId: 1 to 128 letters, digits and punctuation.
@@ -526,10 +526,10 @@ class MemorySQS:
         with self._changed, self._request("SendMessageBatch"):
             queue = self._queue(name)
             size = sum(m.size for m in messages)
-            if size > MAX_BATCH_PAYLOAD:
+            if size > MAX_BATCH_BYTES:
                 raise _error(
                     "BatchRequestTooLong",
-                    f"the batch is {size} bytes; the limit is {MAX_BATCH_PAYLOAD}",
+                    f"the batch is {size} bytes; the limit is {MAX_BATCH_BYTES}",
                 )
             for index, outgoing in enumerate(messages):
                 entry_id = str(index)
