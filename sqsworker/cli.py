@@ -1,5 +1,6 @@
-"""``sqsworker run MODULE:ATTR``, ``sqsworker local``, and the commands that operate
-queues (``queues``, ``send``, ``peek``, ``redrive``, ``purge``: see ``operate.py``).
+"""``sqsworker run MODULE:ATTR``, ``sqsworker local``, ``sqsworker create-store``, and
+the door to the commands that operate queues (``queues``, ``send``, ``peek``,
+``redrive``, ``purge``: see ``commands/`` and ``operate/``).
 
 The CLI owns the signals: the first SIGTERM or SIGINT starts a graceful
 shutdown, a second SIGINT forces exit. Exit codes: 0 done, 1 could not start

@@ -4,7 +4,7 @@ This package is their terminal side: the arguments each takes and the dispatch (
 the queue tables (``queues.py``: ``queues``, ``queues create``) and the commands on
 messages (``messages.py``: ``send``, ``peek``, ``redrive``, ``purge``), drawn with rich's
 tables and progress bars (plain columns and no bars when stdout is not a terminal). What
-each command does to SQS is in ``operate.py``. Exit codes as for ``run`` (``exits.py``):
+each command does to SQS is in ``operate/``. Exit codes as for ``run`` (``exits.py``):
 0 done, 1 SQS or the endpoint failed (or some messages were not sent or moved), 2 bad
 usage.
 """

@@ -1,6 +1,6 @@
 """The commands on messages: ``send``, ``peek``, ``redrive`` and ``purge``, as the
 terminal shows them (a progress bar for large jobs); what they do to SQS is in
-``operate.py``."""
+``operate/``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``sqsworker queues``: the queues as a table (or JSON lines), once or every few
-seconds; and ``sqsworker queues create``. What they ask of SQS is in ``operate.py``."""
+seconds; and ``sqsworker queues create``. What they ask of SQS is in ``operate/``."""
 
 from __future__ import annotations
 
