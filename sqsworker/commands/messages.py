@@ -38,6 +38,8 @@ SHOWN_FAILURES = 10  # messages not sent named one a line; the rest counted
 
 
 def send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    """``sqsworker send``: check every message, then send them (bodies over the threshold
+    to S3); exit 1 if some were not sent."""
     queue = queues.open(args.queue)
     threshold = _payload_threshold(args, queue.info)
     messages = operate.outgoing(
@@ -168,6 +170,8 @@ def _progress(console: Console, what: str, total: int | None) -> Iterator[Callab
 
 
 def peek(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    """``sqsworker peek``: show up to -n messages, each visible again at once, and why
+    each of a dead-letter queue is there."""
     if not 1 <= args.n <= 100:
         raise ConfigError(f"-n {args.n} is out of range: peek shows 1 to 100 messages")
     queue = queues.open(args.queue)
@@ -251,6 +255,8 @@ def _as_dict(envelope: Envelope) -> dict[str, Any]:
 
 
 def redrive(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    """``sqsworker redrive``: move a dead-letter queue's messages back, by SQS's move
+    task (followed to its end) or here with a progress bar; Ctrl-C stops either."""
     dlq = queues.open(args.dlq)
     to = queues.open(args.to) if args.to else None
     redrive = operate.Redrive(queues, dlq, to, rate=args.rate)
@@ -330,6 +336,8 @@ def _watch_task(
 
 
 def purge(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    """``sqsworker purge``: delete every message of a queue, once the user typed its name
+    (or passed --yes)."""
     queue = queues.open(args.queue)
     counts = queue.counts()
     if not args.yes:

@@ -18,6 +18,8 @@ from ..operate import Queues, QueueStatus
 
 
 def show(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    """``sqsworker queues [PREFIX]``: one table, JSON lines, or a table every --watch
+    seconds until Ctrl-C."""
     if args.json:
         for row in queues.status(args.prefix):
             print(json.dumps(row.as_dict()))
@@ -108,6 +110,8 @@ def _table(console: Console) -> Table:
 
 
 def create(queues: Queues, args: argparse.Namespace, console: Console) -> int:
+    """``sqsworker queues create NAME``: the queue and its dead-letter queue, and what
+    was made now or existed."""
     made = queues.create(
         args.name,
         fifo=args.fifo,
