@@ -1,5 +1,6 @@
-"""``sqsworker run MODULE:ATTR``, ``sqsworker local``, and the commands that operate
-queues (``queues``, ``send``, ``peek``, ``redrive``, ``purge``: see ``operate.py``).
+"""``sqsworker run MODULE:ATTR``, ``sqsworker local``, ``sqsworker create-store``, and
+the door to the commands that operate queues (``queues``, ``send``, ``peek``,
+``redrive``, ``purge``: see ``commands/`` and ``operate/``).
 
 The CLI owns the signals: the first SIGTERM or SIGINT starts a graceful
 shutdown, a second SIGINT forces exit. Exit codes: 0 done, 1 could not start
@@ -12,11 +13,8 @@ import argparse
 import difflib
 import os
 import re
-import signal
 import sys
-import threading
 from collections.abc import Mapping, Sequence
-from types import FrameType
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -24,16 +22,13 @@ from prometheus_client import CollectorRegistry
 from . import config, logs, tracing
 from .errors import ConfigError, StartupError
 from .events import Observer, Observers, Tally
+from .exits import EXIT_STARTUP, EXIT_USAGE, Signals, fail
 from .importer import refuse_a_path
 from .metrics import Metrics
 from .process import Named, Process, configure, find_handlers
 from .telemetry import TelemetryServer
 from .version import __version__
 from .worker import Worker
-
-EXIT_STARTUP = 1
-EXIT_USAGE = 2
-EXIT_FORCED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -155,32 +150,6 @@ def _unrecognized(extras: Sequence[str], command: argparse.ArgumentParser) -> st
     near = difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)
     hint = f"did you mean {near[0]}?" if near else f"see {command.prog} --help"
     return f"{unknown} is not an option: {hint}"
-
-
-def fail(message: str) -> None:
-    message = message.rstrip()
-    if not message.endswith((".", "?")):
-        message += "."
-    print(f"sqsworker: error: {message}", file=sys.stderr)
-
-
-class Signals:
-    """Signal handlers only set a flag; the main thread acts on it."""
-
-    def __init__(self) -> None:
-        self.received = threading.Event()
-        self.count = 0
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.count += 1
-        if self.count > 1 and signum == signal.SIGINT:
-            os.write(2, b"sqsworker: second interrupt, exiting now without handing back.\n")
-            os._exit(EXIT_FORCED)
-        self.received.set()
 
 
 def run(

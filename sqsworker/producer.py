@@ -23,16 +23,15 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import tracing
 from .errors import ConfigError, TransportError
 from .payloads import Payloads
-from .transports import GROUP_ID, MAX_BATCH, OutgoingMessage, Transport
+from .transports import GROUP_ID, OutgoingMessage, Transport, send_batches
 
-MAX_REQUEST_BYTES = 1_048_576  # SendMessageBatch: the whole request's payload
 MAX_DELAY = 900  # SQS: DelaySeconds
 ATTEMPTS = 3  # sends of an entry SQS failed for a passing reason, at most
 RETRY_AFTER = 0.2  # seconds before the first retry of failed entries; doubled each time
@@ -292,7 +291,7 @@ class Producer:
             if attempt:
                 time.sleep(RETRY_AFTER * 2 ** (attempt - 1))
             again: list[int] = []
-            for batch in _batches(todo, messages):
+            for batch in send_batches(todo, lambda i: messages[i].size):
                 report.requests += 1
                 try:
                     result = self.transport.send_batch([messages[i] for i in batch])
@@ -386,18 +385,3 @@ def message_attributes(attributes: Mapping[str, object]) -> dict[str, dict[str, 
     if len(shaped) > 10:
         raise ConfigError(f"{len(shaped)} message attributes were given; SQS takes at most 10")
     return shaped
-
-
-def _batches(indexes: Sequence[int], messages: Sequence[OutgoingMessage]) -> Iterator[list[int]]:
-    """The indexes in batches of at most 10 messages and 1 MiB in all, in order."""
-    batch: list[int] = []
-    size = 0
-    for index in indexes:
-        length = messages[index].size
-        if batch and (len(batch) == MAX_BATCH or size + length > MAX_REQUEST_BYTES):
-            yield batch
-            batch, size = [], 0
-        batch.append(index)
-        size += length
-    if batch:
-        yield batch

@@ -22,7 +22,8 @@ import botocore.exceptions
 from botocore.config import Config
 
 from ..errors import StartupError, StoreError
-from . import Lease, Record, State, StoreURL
+from .base import Lease, Record, State
+from .urls import StoreURL
 
 KEY = "key"
 TTL_ATTRIBUTE = "ttl"

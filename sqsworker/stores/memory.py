@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from . import Lease, Record, State
+from .base import Lease, Record, State
 
 
 class MemoryStore:

@@ -51,18 +51,8 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import LeaseLost, StartupError, StoreError
-from . import (
-    POSTGRES_OPTIONS,
-    POSTGRES_TABLE,
-    STORE_CALL_LIMIT,
-    Lease,
-    Record,
-    State,
-    StoreURL,
-    Transaction,
-    scrubbed,
-    shown,
-)
+from .base import STORE_CALL_LIMIT, Lease, Record, State, Transaction
+from .urls import POSTGRES_OPTIONS, POSTGRES_TABLE, StoreURL, scrubbed, shown
 
 PURGE_EVERY = 1000  # claims between purges of expired records
 PURGE_BATCH = 1000

@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ConfigError, LeaseLost, StartupError, StoreError
-from . import STORE_CALL_LIMIT, Lease, Record, State, StoreURL, Transaction
+from .base import STORE_CALL_LIMIT, Lease, Record, State, Transaction
+from .urls import StoreURL
 
 TABLE = "sqsworker_idempotency"
 SCHEMA = f"""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 # Per-entry error codes that mean "this receipt handle no longer owns the message".
 LEASE_LOST_CODES = frozenset(
@@ -23,10 +23,12 @@ LEASE_LOST_CODES = frozenset(
 _PARAMETER_CODES = frozenset({"InvalidParameterValue", "InvalidParameterValueException"})
 _GONE_TEXT = re.compile(r"does not exist or is not available|not in ?flight", re.IGNORECASE)
 MAX_BATCH = 10
+MAX_BATCH_BYTES = 1_048_576  # SendMessageBatch: its messages in all, whatever the queue's limit
 # A MessageGroupId SQS takes, on a FIFO or a standard (fair) queue: 1 to 128 letters,
 # digits and punctuation, no spaces.
 GROUP_ID = re.compile(r"^[!-~]{1,128}$")
 _BATCH_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,22 @@ def check_batch(ids: Sequence[str]) -> None:
 
 def chunks(items: Sequence[Any], size: int = MAX_BATCH) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def send_batches(items: Iterable[T], size: Callable[[T], int]) -> Iterator[list[T]]:
+    """``items`` in order, in batches SendMessageBatch takes: at most 10 entries and
+    ``MAX_BATCH_BYTES`` in all, ``size(item)`` bytes each."""
+    batch: list[T] = []
+    total = 0
+    for item in items:
+        length = size(item)
+        if batch and (len(batch) == MAX_BATCH or total + length > MAX_BATCH_BYTES):
+            yield batch
+            batch, total = [], 0
+        batch.append(item)
+        total += length
+    if batch:
+        yield batch
 
 
 def send_all(transport: Transport, messages: Sequence[OutgoingMessage | str]) -> list[str]:

@@ -8,33 +8,31 @@ cap, long polls that return as soon as a message becomes visible, and the batch
 rules. Time comes from an injected clock, so tests advance time instead of
 sleeping; with a ``seed``, message ids and receipt handles repeat run after run.
 
-Memory stays flat however many messages pass: a receipt handle names its
-message, its receive and its queue, with a keyed digest the service checks, so
-no handle is kept once issued (see ``_Handles``).
+This module is the service (its queues, its lock, long polls, injected faults, the
+batch calls) and ``MemoryTransport``, a ``Transport`` bound to one of its queues;
+what one queue holds and what a receive or a send does to it is ``memory_queue.py``.
+Memory stays flat however many messages pass: a receipt handle names its message,
+its receive and its queue, with a keyed digest the service checks, so no handle is
+kept once issued (see ``memory_queue.Handles``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import itertools
 import json
 import random
-import re
 import threading
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
 
 from ..clock import Clock, SystemClock
 from ..config import MAX_VISIBILITY, MAX_WAIT_TIME
 from ..errors import QueueNotFound, TransportError
 from . import (
-    GROUP_ID,
     MAX_BATCH,
+    MAX_BATCH_BYTES,
     BatchResult,
     EntryFailure,
     Envelope,
@@ -43,88 +41,15 @@ from . import (
     QueueInfo,
     check_batch,
 )
+from .memory_queue import ATTEMPT_ID, Handles, MemoryQueue, StoredMessage
 
-DEDUP_WINDOW = 300.0
 DELETED_KEPT = 10_000  # deleted messages remembered, for deliver_again
-ATTEMPT_WINDOW = 300.0  # how long a FIFO receive can be retried with its ReceiveRequestAttemptId
-MAX_BATCH_PAYLOAD = 1_048_576  # the sum of a send batch's messages, whatever the queue's limit
-# Characters SQS accepts in a message body.
-_INVALID_BODY = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-# A ReceiveRequestAttemptId: 1 to 128 letters, digits and punctuation.
-_ATTEMPT_ID = re.compile(r"^[!-~]{1,128}$")
 # SQS's answer to a visibility change naming a deleted message or a stale handle.
 GONE = "Message does not exist or is not available for visibility timeout change"
 
 
 def _error(code: str, message: str) -> TransportError:
     return TransportError(f"{code}: {message}", code=code, retryable=False)
-
-
-@dataclass
-class _Message:
-    message_id: str
-    body: str
-    message_attributes: Mapping[str, Mapping[str, Any]]
-    sent_at_ms: int
-    visible_at: float
-    group_id: str | None = None
-    deduplication_id: str | None = None
-    sequence_number: str | None = None
-    receive_count: int = 0
-    first_receive_ms: int | None = None
-    handle: str | None = None  # the latest receipt handle; earlier ones are stale
-    received_at: float | None = None  # when this receive began: the 12-hour cap counts from it
-    # The ReceiveRequestAttemptId of the receive that issued ``handle``, until the
-    # message's visibility is changed: a retry of that receive may return it again.
-    attempt_id: str | None = None
-
-    def in_flight(self, now: float) -> bool:
-        return self.handle is not None and self.visible_at > now
-
-
-@dataclass
-class _Queue:
-    info: QueueInfo
-    delay_seconds: int = 0
-    messages: dict[str, _Message] = field(default_factory=dict)  # in send order
-    # FIFO deduplication id -> (forgotten at, message id), oldest first
-    dedup: OrderedDict[str, tuple[float, str]] = field(default_factory=OrderedDict)
-    # FIFO ReceiveRequestAttemptId -> (forgotten at, [(message id, receipt handle)]), oldest
-    # first; only receives that returned messages, for ATTEMPT_WINDOW seconds
-    attempts: OrderedDict[str, tuple[float, list[tuple[str, str]]]] = field(
-        default_factory=OrderedDict
-    )
-    sequence: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-
-
-class _Handles:
-    """Receipt handles that describe themselves: ``message id#receive#digest``.
-
-    The receive number is new on every receive, so a handle names one receive of one
-    message; the digest (keyed with a secret of this service, over the queue's name,
-    the message id and the receive number) tells a handle this queue issued from
-    anything else. So the service keeps no handle: the message's current one is all
-    it needs to tell a live handle from a stale one.
-    """
-
-    def __init__(self, rng: random.Random) -> None:
-        self._key = rng.getrandbits(128).to_bytes(16, "big")
-        self._receives = itertools.count(1)
-
-    def _digest(self, queue: str, message_id: str, receive: str) -> str:
-        text = f"{queue}#{message_id}#{receive}".encode()
-        return hashlib.blake2b(text, key=self._key, digest_size=8).hexdigest()
-
-    def issue(self, queue: str, message_id: str) -> str:
-        receive = f"{next(self._receives):x}"
-        return f"{message_id}#{receive}#{self._digest(queue, message_id, receive)}"
-
-    def message_id(self, queue: str, handle: str) -> str | None:
-        """The id of the message ``handle`` names, if ``queue`` issued it; else None."""
-        parts = handle.split("#")
-        if len(parts) != 3 or parts[2] != self._digest(queue, parts[0], parts[1]):
-            return None
-        return parts[0]
 
 
 class MemorySQS:
@@ -142,14 +67,14 @@ class MemorySQS:
         that a run replays exactly; without it they differ from one service to the next."""
         self.clock = clock or SystemClock()
         self._rng = random.Random(seed)  # message ids and the handles' key; under _lock
-        self._handles = _Handles(self._rng)
+        self._handles = Handles(self._rng)
         self.region = region
         self.account = account
         self.requests: Counter[str] = Counter()  # API action -> calls, for cost figures
         self.request_errors: Counter[tuple[str, str]] = Counter()  # (action, code) -> failures
-        self._queues: dict[str, _Queue] = {}
+        self._queues: dict[str, MemoryQueue] = {}
         self._faults: dict[str, list[Exception]] = {}
-        self._deleted: dict[tuple[str, str], _Message] = {}  # (queue, id): for deliver_again
+        self._deleted: dict[tuple[str, str], StoredMessage] = {}  # (queue, id): for deliver_again
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # notified when messages may be ready
 
@@ -173,7 +98,7 @@ class MemorySQS:
             content_deduplication=attributes.get("ContentBasedDeduplication", "").lower() == "true",
         )
         with self._lock:
-            self._queues[name] = _Queue(
+            self._queues[name] = MemoryQueue(
                 info=info,
                 delay_seconds=int(attributes.get("DelaySeconds", 0)),
             )
@@ -258,7 +183,7 @@ class MemorySQS:
             self.request_errors[action, getattr(exc, "code", None) or type(exc).__name__] += 1
             raise
 
-    def _queue(self, name: str) -> _Queue:
+    def _queue(self, name: str) -> MemoryQueue:
         try:
             return self._queues[name]
         except KeyError:
@@ -283,108 +208,34 @@ class MemorySQS:
             if not queue.info.fifo:
                 attempt_id = None  # the parameter applies to FIFO queues only
             else:
-                self._forget_attempts(queue)
+                queue.forget_attempts(self.clock)
             if attempt_id is not None:
-                if not _ATTEMPT_ID.match(attempt_id):
+                if not ATTEMPT_ID.match(attempt_id):
                     raise _error(
                         "InvalidParameterValue",
                         "ReceiveRequestAttemptId must be 1 to 128 letters, digits or punctuation",
                     )
-                again = self._retry(queue, attempt_id, visibility)
+                again = queue.retry(attempt_id, visibility, self.clock)
                 if again is not None:
                     return again
             deadline = self.clock.monotonic() + wait_seconds
             while True:
-                taken, next_visible = self._take(queue, max_messages, visibility, attempt_id)
+                taken, doomed, next_visible = queue.take(
+                    max_messages, visibility, attempt_id, self.clock, self._handles
+                )
+                for message in doomed:
+                    self._dead_letter(queue, message)
                 now = self.clock.monotonic()
                 if taken or now >= deadline:
                     if taken and attempt_id is not None:
-                        queue.attempts.pop(attempt_id, None)  # the newest is the last
-                        queue.attempts[attempt_id] = (
-                            now + ATTEMPT_WINDOW,
-                            [(e.message_id, e.receipt_handle) for e in taken],
-                        )
+                        queue.remember_attempt(attempt_id, taken, now)
                     return taken
                 # Sends, deletes and visibility changes notify; time passing does not:
                 # wake when the next hidden message comes back, if the poll lasts that long.
                 wake = deadline if next_visible is None else min(deadline, next_visible)
                 self.clock.wait(self._changed, wake)
 
-    def _retry(self, queue: _Queue, attempt_id: str, visibility: int) -> list[Envelope] | None:
-        """A FIFO receive retried with its ReceiveRequestAttemptId: the same messages and
-        receipt handles, hidden for ``visibility`` from now, if none was deleted, received
-        again or had its visibility changed since. None: receive as usual.
-
-        What SQS answers to a retry whose messages were changed meanwhile is not
-        documented; this model then receives afresh under the same id.
-        """
-        now = self.clock.monotonic()
-        attempts = queue.attempts
-        record = attempts.get(attempt_id)
-        if record is None:
-            return None
-        messages = [queue.messages.get(message_id) for message_id, _ in record[1]]
-        for message, (_, handle) in zip(messages, record[1], strict=True):
-            if message is None or message.handle != handle or message.attempt_id != attempt_id:
-                del attempts[attempt_id]
-                return None
-        out: list[Envelope] = []
-        for message in messages:
-            assert message is not None
-            message.visible_at = now + visibility  # "it resets the visibility timeout"
-            out.append(self._envelope(message))
-        return out
-
-    def _forget_attempts(self, queue: _Queue) -> None:
-        """Drop the attempt ids whose 5 minutes have passed (the oldest come first)."""
-        now = self.clock.monotonic()
-        attempts = queue.attempts
-        while attempts and next(iter(attempts.values()))[0] <= now:
-            attempts.popitem(last=False)
-
-    def _take(
-        self, queue: _Queue, limit: int, visibility: int, attempt_id: str | None
-    ) -> tuple[list[Envelope], float | None]:
-        """Receive up to ``limit`` messages; also when the soonest hidden one comes back."""
-        now = self.clock.monotonic()
-        wall_ms = int(self.clock.time() * 1000)
-        fifo = queue.info.fifo
-        # FIFO: while any message of a group is in flight, no later one is delivered.
-        blocked = (
-            {m.group_id for m in queue.messages.values() if m.in_flight(now)} if fifo else set()
-        )
-        out: list[Envelope] = []
-        doomed: list[_Message] = []  # past maxReceiveCount: to the dead-letter queue
-        next_visible: float | None = None
-        for message in queue.messages.values():
-            if len(out) >= limit:
-                break
-            if message.visible_at > now:
-                if next_visible is None or message.visible_at < next_visible:
-                    next_visible = message.visible_at
-                if fifo:
-                    blocked.add(message.group_id)  # a later message of the group waits for it
-                continue
-            if fifo and message.group_id in blocked:
-                continue
-            if (
-                queue.info.max_receive_count is not None
-                and message.receive_count >= queue.info.max_receive_count
-            ):
-                doomed.append(message)
-                continue
-            message.receive_count += 1
-            message.first_receive_ms = message.first_receive_ms or wall_ms
-            message.handle = self._handles.issue(queue.info.name, message.message_id)
-            message.received_at = now
-            message.visible_at = now + visibility
-            message.attempt_id = attempt_id
-            out.append(self._envelope(message))
-        for message in doomed:
-            self._dead_letter(queue, message)
-        return out, next_visible
-
-    def _dead_letter(self, queue: _Queue, message: _Message) -> None:
+    def _dead_letter(self, queue: MemoryQueue, message: StoredMessage) -> None:
         del queue.messages[message.message_id]
         target = queue.info.dead_letter_arn or ""
         dlq = self._queues.get(target.rsplit(":", 1)[-1])
@@ -399,30 +250,9 @@ class MemorySQS:
         dlq.messages[message.message_id] = message
         self._changed.notify_all()
 
-    @staticmethod
-    def _envelope(message: _Message) -> Envelope:
-        attributes = {
-            "SenderId": "AIDAMEMORYSQS",
-            "SentTimestamp": str(message.sent_at_ms),
-            "ApproximateReceiveCount": str(message.receive_count),
-            "ApproximateFirstReceiveTimestamp": str(message.first_receive_ms),
-        }
-        if message.group_id is not None:
-            attributes["MessageGroupId"] = message.group_id
-        if message.deduplication_id is not None:
-            attributes["MessageDeduplicationId"] = message.deduplication_id
-        if message.sequence_number is not None:
-            attributes["SequenceNumber"] = message.sequence_number
-        assert message.handle is not None
-        return Envelope(
-            message_id=message.message_id,
-            receipt_handle=message.handle,
-            body=message.body,
-            attributes=attributes,
-            message_attributes=dict(message.message_attributes),
-        )
-
-    def _owner(self, queue: _Queue, handle: str) -> tuple[_Message | None, EntryFailure | None]:
+    def _owner(
+        self, queue: MemoryQueue, handle: str
+    ) -> tuple[StoredMessage | None, EntryFailure | None]:
         """The message a handle names (None: deleted since), or why the handle names none."""
         message_id = self._handles.message_id(queue.info.name, handle)
         if message_id is None:
@@ -460,7 +290,7 @@ class MemorySQS:
             self._changed.notify_all()  # a FIFO group may be unblocked
         return result
 
-    def _remember_deleted(self, name: str, message: _Message) -> None:
+    def _remember_deleted(self, name: str, message: StoredMessage) -> None:
         """The latest deleted messages, for ``deliver_again``. Under ``_lock``."""
         self._deleted[(name, message.message_id)] = message
         if len(self._deleted) > DELETED_KEPT:
@@ -526,81 +356,30 @@ class MemorySQS:
         with self._changed, self._request("SendMessageBatch"):
             queue = self._queue(name)
             size = sum(m.size for m in messages)
-            if size > MAX_BATCH_PAYLOAD:
+            if size > MAX_BATCH_BYTES:
                 raise _error(
                     "BatchRequestTooLong",
-                    f"the batch is {size} bytes; the limit is {MAX_BATCH_PAYLOAD}",
+                    f"the batch is {size} bytes; the limit is {MAX_BATCH_BYTES}",
                 )
             for index, outgoing in enumerate(messages):
                 entry_id = str(index)
-                problem = self._invalid(queue, outgoing)
+                problem = queue.invalid(outgoing)
                 if problem is not None:
                     code, text = problem
                     result.failed.append(EntryFailure(entry_id, code, text))
                     continue
-                result.message_ids[entry_id] = self._enqueue(queue, outgoing)
+                result.message_ids[entry_id] = queue.enqueue(outgoing, self.clock, self._new_id)
                 result.succeeded.append(entry_id)
             self._changed.notify_all()
         return result
 
-    @staticmethod
-    def _invalid(queue: _Queue, outgoing: OutgoingMessage) -> tuple[str, str] | None:
-        if not outgoing.body:
-            return "MissingParameter", "the message body must not be empty"
-        if _INVALID_BODY.search(outgoing.body):
-            return "InvalidMessageContents", "the message body contains characters SQS refuses"
-        if outgoing.size > queue.info.maximum_message_size:
-            return "InvalidParameterValue", "the message is larger than the queue's limit"
-        if not 0 <= outgoing.delay_seconds <= 900:
-            return "InvalidParameterValue", "DelaySeconds must be from 0 to 900"
-        if outgoing.group_id is not None and not GROUP_ID.match(outgoing.group_id):
-            return (
-                "InvalidParameterValue",
-                "MessageGroupId takes 1 to 128 letters, digits or punctuation",
-            )
-        if queue.info.fifo:
-            if outgoing.group_id is None:
-                return "MissingParameter", "a FIFO queue needs a MessageGroupId"
-            if outgoing.deduplication_id is None and not queue.info.content_deduplication:
-                return "InvalidParameterValue", "a FIFO queue needs a MessageDeduplicationId"
-            if outgoing.delay_seconds:
-                return "InvalidParameterValue", "FIFO queues take no per-message delay"
-        elif outgoing.deduplication_id is not None:  # as SQS does (moto takes it)
-            return "InvalidParameterValue", "a standard queue takes no MessageDeduplicationId"
-        return None
-
-    def _enqueue(self, queue: _Queue, outgoing: OutgoingMessage) -> str:
-        now = self.clock.monotonic()
-        dedup_id = outgoing.deduplication_id
-        if queue.info.fifo:
-            if dedup_id is None:
-                dedup_id = hashlib.sha256(outgoing.body.encode()).hexdigest()
-            while queue.dedup and next(iter(queue.dedup.values()))[0] <= now:
-                queue.dedup.popitem(last=False)  # oldest first: forget what passed the window
-            if dedup_id in queue.dedup:
-                return queue.dedup[dedup_id][1]  # accepted, not delivered twice
-        message = _Message(
-            message_id=str(uuid.UUID(int=self._rng.getrandbits(128), version=4)),
-            body=outgoing.body,
-            message_attributes=dict(outgoing.message_attributes),
-            sent_at_ms=int(self.clock.time() * 1000),
-            visible_at=now + (outgoing.delay_seconds or queue.delay_seconds),
-            group_id=outgoing.group_id,  # a standard queue keeps it too: a fair queue
-            deduplication_id=dedup_id if queue.info.fifo else None,
-            sequence_number=f"{next(queue.sequence):020d}" if queue.info.fifo else None,
-        )
-        if dedup_id is not None and queue.info.fifo:
-            queue.dedup[dedup_id] = (now + DEDUP_WINDOW, message.message_id)
-        queue.messages[message.message_id] = message
-        return message.message_id
-
     def counts(self, name: str) -> QueueCounts:
         with self._lock, self._request("GetQueueAttributes"):
-            now = self.clock.monotonic()
-            messages = self._queue(name).messages.values()
-            in_flight = sum(1 for m in messages if m.in_flight(now))
-            delayed = sum(1 for m in messages if m.handle is None and m.visible_at > now)
-            return QueueCounts(len(messages) - in_flight - delayed, in_flight, delayed)
+            return self._queue(name).counts(self.clock.monotonic())
+
+    def _new_id(self) -> str:
+        """A message id, drawn from the service's random numbers (under ``_lock``)."""
+        return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
 
 
 class MemoryTransport:

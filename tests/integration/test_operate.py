@@ -468,12 +468,12 @@ class CtrlC:
 def test_queues_watch_into_a_pipe_prints_a_table_each_time(
     local_env: LocalSQS, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sqsworker import commands
+    from sqsworker.commands import queues as queue_commands
 
     name = unique("watch")
     local_env.create_queue(name, max_receive_count=None)
     send_all(SQSTransport.connect(name), ["a", "b"])
-    monkeypatch.setattr(commands, "Signals", CtrlC)
+    monkeypatch.setattr(queue_commands, "Signals", CtrlC)
     code, out, _ = cli(capsys, "queues", name, "--watch", "0.5")
     assert code == 0
     assert len(re.findall(rf"^{name} +2 +0 +0 ", out, re.M)) == 2, out

@@ -13,9 +13,9 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from sqsworker import commands
 from sqsworker.cli import main
 from sqsworker.clock import SystemClock
+from sqsworker.commands import messages as message_commands
 from sqsworker.errors import ConfigError, StartupError, TransportError
 from sqsworker.operate import Queues, Redrive, batches, parse_attribute
 from sqsworker.transports import OutgoingMessage, QueueInfo
@@ -43,7 +43,7 @@ def sqs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stubber]:
     stubber = Stubber(client)
     queues = Queues(SQSTransport(client, QueueInfo(url="", name="", arn="")))
     monkeypatch.setattr(Queues, "connect", classmethod(lambda cls, **kwargs: queues))
-    monkeypatch.setattr(commands, "TASK_POLL", 0.0)
+    monkeypatch.setattr(message_commands, "TASK_POLL", 0.0)
     with stubber:
         yield stubber
         stubber.assert_no_pending_responses()
@@ -124,7 +124,7 @@ def test_redrive_starts_sqs_move_task_and_follows_it_to_the_end(
 def test_ctrl_c_cancels_sqs_move_task(
     sqs: Stubber, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(commands, "Signals", Interrupted)
+    monkeypatch.setattr(message_commands, "Signals", Interrupted)
     expect_redrive_start(sqs, tasks=[])
     sqs.add_response(
         "start_message_move_task",
