@@ -41,6 +41,7 @@ check: lint typecheck test
 bench: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.compare
+	$(BIN)/python -m bench.http
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo

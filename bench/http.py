@@ -1,0 +1,159 @@
+"""``python -m bench.http``: the worker process's own CPU per message at an HTTP endpoint.
+
+Each consumer (``bench.consumer``) runs in a process of its own against ``bench.endpoint``,
+an endless SQS endpoint in another process that answers at once (or ``--latency-ms``
+later) with fresh messages, so all the CPU the consumer's process spends is its own. After
+``--warmup`` seconds, the process's CPU time (utime + stime from /proc/PID/stat, every
+thread) and the endpoint's counts are read, again ``--seconds`` later, and the consumer is
+stopped. Per message deleted in that window: the consumer's CPU, requests (every action),
+and msg/s. Rounds alternate the order of the consumers; the table gives medians, and each
+row's CPU per message as a fraction of the bare boto3 loop's (``floor``), measured in the
+same run: a receive of 10 and one delete batch of 10, on one thread.
+
+``measure(command, endpoint)`` does one such measurement of any command that consumes
+queue "bench" at the URL it is given: other consumers (other frameworks) can be measured
+the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .endpoint import Endpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of proc(5)
+
+
+def measure(
+    command: Sequence[str],
+    endpoint: Endpoint,
+    *,
+    warmup: float = 2.0,
+    seconds: float = 5.0,
+    env: dict[str, str] | None = None,
+) -> dict[str, float]:
+    """Start ``command``, let it run ``warmup`` seconds, then measure it for ``seconds``:
+    msg/s, its process's CPU µs per message, requests per message, and the endpoint's CPU
+    µs per message; then SIGTERM it."""
+    environment = {
+        "PYTHONPATH": str(ROOT),
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        **os.environ,
+        **(env or {}),
+    }
+    process = subprocess.Popen(list(command), env=environment)
+    try:
+        time.sleep(warmup)
+        if process.poll() is not None:
+            raise RuntimeError(f"{command} exited with {process.returncode}")
+        before, cpu, service, started = (
+            endpoint.stats(),
+            cpu_seconds(process.pid),
+            cpu_seconds(endpoint.pid),
+            time.perf_counter(),
+        )
+        time.sleep(seconds)
+        after, cpu, service, elapsed = (
+            endpoint.stats(),
+            cpu_seconds(process.pid) - cpu,
+            cpu_seconds(endpoint.pid) - service,
+            time.perf_counter() - started,
+        )
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    messages = after.get("deleted", 0) - before.get("deleted", 0)
+    requests = sum(after["requests"].values()) - sum(before["requests"].values())
+    if not messages:
+        raise RuntimeError(f"{command} deleted no message in {seconds} s")
+    return {
+        "rate": messages / elapsed,
+        "cpu_us_per_message": cpu / messages * 1e6,
+        "requests_per_message": requests / messages,
+        "endpoint_cpu_us_per_message": service / messages * 1e6,
+        "messages": messages,
+    }
+
+
+def consumer(kind: str, url: str, concurrency: int = 16, client: str = "") -> list[str]:
+    command = [sys.executable, "-m", "bench.consumer", kind, url, f"--concurrency={concurrency}"]
+    return command + ([f"--client={client}"] if client else [])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured, per consumer")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--latency-ms", type=float, default=0, help="added to every answer")
+    parser.add_argument(
+        "--clients",
+        nargs="+",
+        default=[""],
+        help="SQSTransport clients to run the worker with (boto3, lean); default: the "
+        "worker's own choice",
+    )
+    args = parser.parse_args()
+    with Endpoint(latency_ms=args.latency_ms) as endpoint:
+        url = endpoint.url
+        rows: dict[str, list[str]] = {
+            "floor: boto3 loop, receive 10 + delete batch 10": consumer("floor", url)
+        }
+        for client in args.clients:
+            named = f", {client}" if client else ""
+            rows[f"def, concurrency 16{named}"] = consumer("def", url, 16, client)
+            rows[f"async def, concurrency 256{named}"] = consumer("async", url, 256, client)
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in rows}
+        for round_ in range(args.rounds):
+            order = list(rows) if round_ % 2 == 0 else list(rows)[::-1]
+            for name in order:
+                result = measure(rows[name], endpoint, warmup=args.warmup, seconds=args.seconds)
+                runs[name].append(result)
+                print(
+                    f"round {round_ + 1}, {name}: {result['rate']:.0f} msg/s, "
+                    f"{result['cpu_us_per_message']:.0f} µs CPU a message",
+                    flush=True,
+                )
+    fields = ("rate", "cpu_us_per_message", "requests_per_message", "endpoint_cpu_us_per_message")
+    median: dict[str, dict[str, Any]] = {
+        name: {f: statistics.median(r[f] for r in results) for f in fields}
+        for name, results in runs.items()
+    }
+    floor = median[next(iter(rows))]["cpu_us_per_message"]
+    print(
+        f"\nendless endpoint, +{args.latency_ms:g} ms an answer, no-op handlers, medians of "
+        f"{args.rounds} rounds of {args.seconds:g} s:\n"
+    )
+    print("| | worker CPU µs/msg | / floor | msg/s | requests/msg | endpoint CPU µs/msg |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, m in median.items():
+        print(
+            f"| {name} | {m['cpu_us_per_message']:.0f} | {m['cpu_us_per_message'] / floor:.2f} "
+            f"| {m['rate']:.0f} | {m['requests_per_message']:.3f} "
+            f"| {m['endpoint_cpu_us_per_message']:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
