@@ -65,7 +65,7 @@ def worker(kind: str, url: str, concurrency: int, client: str, stop: threading.E
         from sqsworker.transports.sqs import SQSTransport
 
         transport = SQSTransport.connect(
-            QUEUE, endpoint_url=url, max_connections=min(concurrency, 64) + 8, client=client
+            QUEUE, endpoint_url=url, max_connections=min(concurrency, 64) + 8, sqs_client=client
         )
     running = Worker(handler, config, transport=transport)
     running.start()

@@ -31,6 +31,7 @@ class Env:
     memory: MemorySQS | None = None
     clock: FakeClock | None = None
     server: LocalSQS | None = None
+    sqs_client: str | None = None  # at moto's server: the client of the hot calls
 
     def queue(
         self, name: str, *, max_receive_count: int | None = None, **attributes: str
@@ -46,7 +47,16 @@ class Env:
             return self.memory.transport(name)
         assert self.server is not None
         self.server.create_queue(name, max_receive_count=max_receive_count, **attributes)
-        return SQSTransport.connect(name, endpoint_url=self.server.endpoint_url, region="us-east-1")
+        transport = SQSTransport.connect(
+            name, endpoint_url=self.server.endpoint_url, region="us-east-1", **self.client
+        )
+        # the lean client took the hot calls over, or botocore's has them all
+        assert (transport.lean is not None and transport.lean.ready) == (self.sqs_client != "boto3")
+        return transport
+
+    @property
+    def client(self) -> dict[str, str]:
+        return {"sqs_client": self.sqs_client} if self.sqs_client else {}
 
     def receive_after(
         self, transport: Transport, seconds: float, n: int = 10, vis: int = 30
@@ -90,8 +100,10 @@ class Env:
         return result, took[0]
 
 
-@pytest.fixture(params=["memory", "moto"])
+@pytest.fixture(params=["memory", "moto", "moto-boto3"])
 def env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    """The in-memory SQS; moto's server through the default client (the lean one for
+    the hot calls); and moto's server through botocore's client alone."""
     if request.param == "memory":
         clock = FakeClock()
         yield Env("memory", memory=MemorySQS(clock), clock=clock)
@@ -99,7 +111,8 @@ def env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
         server: LocalSQS = request.getfixturevalue("local_sqs")
         for key, value in server.env().items():
             monkeypatch.setenv(key, value)
-        yield Env("moto", server=server)
+        client = "boto3" if request.param == "moto-boto3" else None
+        yield Env("moto", server=server, sqs_client=client)
 
 
 def test_receive_returns_body_and_attributes_and_hides_the_message(env: Env) -> None:
@@ -321,3 +334,18 @@ def test_unknown_queue_is_refused_clearly(env: Env) -> None:
             assert env.server is not None
             SQSTransport.connect("no-such-queue", endpoint_url=env.server.endpoint_url)
     assert "no-such-queue" in str(raised.value)
+
+
+def test_binary_attributes_arrive_as_the_bytes_sent(env: Env) -> None:
+    q = env.queue("binary")
+    raw = bytes(range(256))
+    attributes = {
+        "blob": {"DataType": "Binary", "BinaryValue": raw},
+        "text": {"DataType": "String", "StringValue": "ü ✓"},
+        "count": {"DataType": "Number", "StringValue": "42"},
+    }
+    send_all(q, [OutgoingMessage("x", message_attributes=attributes)])
+    [m] = q.receive(10, 1, 30)
+    assert m.message_attributes["blob"]["BinaryValue"] == raw
+    assert m.message_attributes["text"]["StringValue"] == "ü ✓"
+    assert m.message_attributes["count"]["StringValue"] == "42"
