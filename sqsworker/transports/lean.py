@@ -147,7 +147,7 @@ class LeanSQS:
         if parts.path not in ("", "/") or parts.query:
             return
         self.url = f"{parts.scheme}://{parts.netloc}/"
-        self._signer = Signer(parts.netloc, scope[2], scope[3])
+        self._signer = Signer(_host(parts.scheme, parts.netloc), scope[2], scope[3])
 
     @property
     def ready(self) -> bool:
@@ -196,6 +196,12 @@ class LeanSQS:
         code = parsed.get("Error", {}).get("Code")
         error: type[ClientError] = self._client.exceptions.from_code(code)
         raise error(parsed, action)
+
+
+def _host(scheme: str, netloc: str) -> str:
+    """The Host header botocore signs: the URL's, without a default port."""
+    default = {"https": ":443", "http": ":80"}.get(scheme)
+    return netloc.removesuffix(default) if default else netloc
 
 
 def _decode_binary_attributes(result: dict[str, Any]) -> None:

@@ -39,7 +39,7 @@ from tenacity import (
     wait_random,
 )
 
-from ..config import MAX_WAIT_TIME
+from ..config import MAX_WAIT_TIME, SQS_CLIENTS
 from ..errors import CredentialsError, QueueNotFound, StartupError, TransportError
 from . import (
     BatchResult,
@@ -58,7 +58,6 @@ T = TypeVar("T")
 
 # Which client sends the hot calls (receive, delete, change visibility, send batches):
 # "lean" (signed JSON requests, transports/lean.py) or "boto3" (botocore's client for all).
-SQS_CLIENTS = ("lean", "boto3")
 DEFAULT_SQS_CLIENT = "lean"
 
 THROTTLING_CODES = frozenset(
