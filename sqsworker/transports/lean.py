@@ -31,6 +31,7 @@ import base64
 import datetime
 import hashlib
 import hmac
+import json
 import threading
 from collections.abc import Mapping
 from typing import Any, cast
@@ -39,7 +40,7 @@ from urllib.parse import urlsplit
 import botocore
 import orjson
 from botocore.awsrequest import AWSPreparedRequest
-from botocore.exceptions import ClientError, NoCredentialsError
+from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
 from botocore.parsers import create_parser
 
 from .. import __version__
@@ -165,7 +166,10 @@ class LeanSQS:
             raise NoCredentialsError()
         if action == "SendMessageBatch":
             params = _encode_binary_entries(params)
-        body = orjson.dumps(params)
+        try:
+            body = orjson.dumps(params)
+        except orjson.JSONEncodeError:  # text orjson refuses (a lone surrogate): as botocore
+            body = json.dumps(params).encode()
         headers = signer.headers(
             f"{self._target}.{action}",
             body,
@@ -181,7 +185,14 @@ class LeanSQS:
         content = response.content
         if response.status_code >= 300:
             self._raise(action, response.status_code, response.headers, content)
-        result: dict[str, Any] = orjson.loads(content) if content else {}
+        try:
+            result: dict[str, Any] = orjson.loads(content) if content else {}
+        except orjson.JSONDecodeError:
+            # botocore would read this as an empty answer (no messages, no entries
+            # settled); a garbled answer is a fault of the way there instead (as a reset
+            # would be: translate() makes it a retryable ConnectionError)
+            text = f"the answer (HTTP {response.status_code}) is not JSON: {content[:200]!r}"
+            raise HTTPClientError(error=ValueError(text)) from None
         if action == "ReceiveMessage":
             _decode_binary_attributes(result)
         return result

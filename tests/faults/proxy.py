@@ -35,6 +35,7 @@ class Faults:
     throttle: float = 0.0  # share answered 400 ThrottlingException, not forwarded
     unavailable: float = 0.0  # share answered 503 ServiceUnavailable, not forwarded
     bad_gateway: float = 0.0  # share answered 502 with a load balancer's HTML page
+    garbled: float = 0.0  # share answered 200 with an HTML page (a captive portal), not forwarded
     # SendMessageBatch: a share of entries kept from the upstream and answered Failed with
     # InternalError (a passing fault: sent again, they go), and entries whose body holds
     # ``refuse`` answered Failed with InvalidMessageContents (the sender's fault: never go).
@@ -115,10 +116,10 @@ class FaultProxy:
         if fault == "unavailable":
             self._count(fault)
             return _answer(request, 503, "ServiceUnavailable", "Service is unavailable")
-        if fault == "bad_gateway":
+        if fault in ("bad_gateway", "garbled"):
             self._count(fault)
             page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
-            request.send_response_only(502)
+            request.send_response_only(502 if fault == "bad_gateway" else 200)
             request.send_header("Content-Type", "text/html")
             request.send_header("Content-Length", str(len(page)))
             request.end_headers()
@@ -232,7 +233,7 @@ def _answer(request: BaseHTTPRequestHandler, status: int, code: str, text: str) 
 def _pick(faults: Faults, draw: float) -> str:
     """The fault a draw in [0, 1) lands on, each taking its share of the interval."""
     edge = 0.0
-    for fault in ("throttle", "unavailable", "stall", "reset", "bad_gateway"):
+    for fault in ("throttle", "unavailable", "stall", "reset", "bad_gateway", "garbled"):
         edge += getattr(faults, fault)
         if draw < edge:
             return fault

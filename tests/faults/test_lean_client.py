@@ -153,3 +153,20 @@ def test_the_lean_client_takes_over_after_botocores_first_request(
     copy.send_batch([OutgoingMessage("two")])
     bodies = sorted(m.body for m in copy.receive(10, 1, 30))
     assert bodies == ["one", "two"], json.dumps(bodies)
+
+
+def test_a_garbled_answer_is_a_retryable_fault_on_the_lean_client(
+    local_sqs: LocalSQS, proxy: FaultProxy
+) -> None:
+    """A 200 whose body is not JSON (a captive portal, a broken proxy): botocore's parser
+    reads it as an empty answer (no messages; a batch with no entry settled, none
+    failed); the lean client calls it what it is, a fault on the way, retried like a
+    reset."""
+    queue = unique("lean-garbled")
+    local_sqs.create_queue(queue, max_receive_count=None)
+    lean, plain = connect(queue, proxy.url, "lean"), connect(queue, proxy.url, "boto3")
+    proxy.set(garbled=1.0)
+    for action, call in CALLS.items():
+        assert outcome(lean, call) == ("TransportError", "ConnectionError", True), action
+    assert plain.receive(10, 0, 30) == []
+    assert plain.delete_batch([("a", "h")]).succeeded == []
