@@ -7,6 +7,9 @@ real behaviour is tested on the in-memory transport in tests/unit.
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -100,15 +103,41 @@ class Env:
         return result, took[0]
 
 
-@pytest.fixture(params=["memory", "moto", "moto-boto3"])
+@pytest.fixture(scope="module")
+def plain_moto() -> Iterator[LocalSQS]:
+    """moto's own server (``python -m moto.server``) in a process of its own, without the
+    changes ``sqsworker local`` makes to it; reached through a LocalSQS's helpers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _listening(port), 30, "moto's server to listen")
+        server = LocalSQS()  # not started: its helpers, pointed at the other server
+        server.endpoint_url = f"http://127.0.0.1:{port}"
+        yield server
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(params=["memory", "moto", "moto-boto3", "moto-server"])
 def env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
-    """The in-memory SQS; moto's server through the default client (the lean one for
-    the hot calls); and moto's server through botocore's client alone."""
+    """The in-memory SQS; the embedded SQS of ``sqsworker local`` (moto's server) through
+    the default client (the lean one for the hot calls), and through botocore's client
+    alone; and moto's own server in a process of its own, through the default client."""
     if request.param == "memory":
         clock = FakeClock()
         yield Env("memory", memory=MemorySQS(clock), clock=clock)
     else:
-        server: LocalSQS = request.getfixturevalue("local_sqs")
+        fixture = "plain_moto" if request.param == "moto-server" else "local_sqs"
+        server: LocalSQS = request.getfixturevalue(fixture)
         for key, value in server.env().items():
             monkeypatch.setenv(key, value)
         client = "boto3" if request.param == "moto-boto3" else None
