@@ -170,3 +170,24 @@ def test_a_garbled_answer_is_a_retryable_fault_on_the_lean_client(
         assert outcome(lean, call) == ("TransportError", "ConnectionError", True), action
     assert plain.receive(10, 0, 30) == []
     assert plain.delete_batch([("a", "h")]).succeeded == []
+
+
+def test_both_clients_go_through_the_proxy_the_environment_names(
+    local_sqs: LocalSQS, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP_PROXY (HTTPS_PROXY for https endpoints) is botocore's to honour, for the lean
+    client's requests too: they go out through the same session. Here the fault proxy
+    stands as the forward proxy in front of moto's server."""
+    queue = unique("lean-proxied")
+    local_sqs.create_queue(queue, max_receive_count=None)
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for client in CLIENTS:
+        transport = connect(queue, local_sqs.endpoint_url, client)
+        before = proxy.forwarded
+        transport.send_batch([OutgoingMessage(client)])
+        [message] = transport.receive(10, 1, 30)
+        transport.delete_batch([("a", message.receipt_handle)])
+        assert message.body == client
+        assert proxy.forwarded - before == 3, client
