@@ -2,7 +2,9 @@
 URL, running until SIGTERM; ``bench.http`` measures its process from outside.
 
 KIND is ``floor`` (a bare boto3 loop on one thread: receive 10, delete those 10 in one
-batch call, again; the least any boto3 consumer can do per message), ``def`` (sqsworker,
+batch call, again; the least any boto3 consumer can do per message), ``floor-lean`` (the
+same loop through ``SQSTransport``'s lean client: the least the worker's client costs),
+``def`` (sqsworker,
 no-op ``def`` handlers) or ``async`` (sqsworker, no-op ``async def`` handlers). The
 sqsworker kinds run as ``sqsworker run`` would (long polls of 20 s, 30 s visibility),
 without the metrics server.
@@ -57,6 +59,16 @@ def floor(url: str, stop: threading.Event) -> None:
             )
 
 
+def lean_floor(url: str, stop: threading.Event) -> None:
+    from sqsworker.transports.sqs import SQSTransport
+
+    transport = SQSTransport.connect(QUEUE, endpoint_url=url, sqs_client="lean")
+    while not stop.is_set():
+        messages = transport.receive(10, 20, 30)
+        if messages:
+            transport.delete_batch([(str(i), m.receipt_handle) for i, m in enumerate(messages)])
+
+
 def worker(kind: str, url: str, concurrency: int, client: str, stop: threading.Event) -> None:
     config = WorkerConfig(queue=QUEUE, concurrency=concurrency, endpoint_url=url, metrics_port=None)
     handler: Any = noop if kind == "def" else anoop
@@ -65,7 +77,7 @@ def worker(kind: str, url: str, concurrency: int, client: str, stop: threading.E
         from sqsworker.transports.sqs import SQSTransport
 
         transport = SQSTransport.connect(
-            QUEUE, endpoint_url=url, max_connections=min(concurrency, 64) + 8, client=client
+            QUEUE, endpoint_url=url, max_connections=min(concurrency, 64) + 8, sqs_client=client
         )
     running = Worker(handler, config, transport=transport)
     running.start()
@@ -76,7 +88,7 @@ def worker(kind: str, url: str, concurrency: int, client: str, stop: threading.E
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("kind", choices=["floor", "def", "async"])
+    parser.add_argument("kind", choices=["floor", "floor-lean", "def", "async"])
     parser.add_argument("url")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument(
@@ -92,6 +104,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if args.kind == "floor":
         floor(args.url, stop)
+    elif args.kind == "floor-lean":
+        lean_floor(args.url, stop)
     else:
         worker(args.kind, args.url, args.concurrency, args.client, stop)
 

@@ -35,8 +35,28 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of process ``pid`` (all its threads), in seconds."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """utime and stime of process ``pid`` (all its threads), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of proc(5)
+    return int(fields[11]) / TICK, int(fields[12]) / TICK  # fields 14 and 15 of proc(5)
+
+
+def switches(pid: int) -> int:
+    """Context switches of every thread of process ``pid`` so far (voluntary: a thread
+    waited, on a lock, a condition or a socket; involuntary: it was preempted)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "status").read_text()
+        except FileNotFoundError:  # the thread ended
+            continue
+        for line in text.splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                total += int(line.split()[1])
+    return total
 
 
 def measure(
@@ -47,9 +67,11 @@ def measure(
     seconds: float = 5.0,
     env: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """Start ``command``, let it run ``warmup`` seconds, then measure it for ``seconds``:
+    """Start ``command``, let it run ``warmup`` seconds past its first delete, then
+    measure it for ``seconds``:
     msg/s, its process's CPU µs per message, requests per message, and the endpoint's CPU
-    µs per message; then SIGTERM it."""
+    µs per message (and the kernel's part of it), context switches per message; then
+    SIGTERM it."""
     environment = {
         "PYTHONPATH": str(ROOT),
         "AWS_ACCESS_KEY_ID": "bench",
@@ -60,19 +82,29 @@ def measure(
     }
     process = subprocess.Popen(list(command), env=environment)
     try:
+        # the warm-up counts from the first delete: starting (imports, connecting) is
+        # not the steady state, and takes seconds on a loaded machine
+        deleted = endpoint.stats().get("deleted", 0)
+        deadline = time.monotonic() + 120
+        while endpoint.stats().get("deleted", 0) == deleted:
+            if process.poll() is not None:
+                raise RuntimeError(f"{command} exited with {process.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{command} deleted no message in 120 s")
+            time.sleep(0.05)
         time.sleep(warmup)
-        if process.poll() is not None:
-            raise RuntimeError(f"{command} exited with {process.returncode}")
-        before, cpu, service, started = (
+        before, (user, system), waits, service, started = (
             endpoint.stats(),
-            cpu_seconds(process.pid),
+            cpu_split(process.pid),
+            switches(process.pid),
             cpu_seconds(endpoint.pid),
             time.perf_counter(),
         )
         time.sleep(seconds)
-        after, cpu, service, elapsed = (
+        after, (user, system), waits, service, elapsed = (
             endpoint.stats(),
-            cpu_seconds(process.pid) - cpu,
+            (a - b for a, b in zip(cpu_split(process.pid), (user, system), strict=True)),
+            switches(process.pid) - waits,
             cpu_seconds(endpoint.pid) - service,
             time.perf_counter() - started,
         )
@@ -89,7 +121,9 @@ def measure(
         raise RuntimeError(f"{command} deleted no message in {seconds} s")
     return {
         "rate": messages / elapsed,
-        "cpu_us_per_message": cpu / messages * 1e6,
+        "cpu_us_per_message": (user + system) / messages * 1e6,
+        "system_us_per_message": system / messages * 1e6,
+        "switches_per_message": waits / messages,
         "requests_per_message": requests / messages,
         "endpoint_cpu_us_per_message": service / messages * 1e6,
         "messages": messages,
@@ -110,9 +144,8 @@ def main() -> None:
     parser.add_argument(
         "--clients",
         nargs="+",
-        default=[""],
-        help="SQSTransport clients to run the worker with (boto3, lean); default: the "
-        "worker's own choice",
+        default=["boto3", "lean"],
+        help="--sqs-client values to run the worker with, side by side (default: both)",
     )
     args = parser.parse_args()
     with Endpoint(latency_ms=args.latency_ms) as endpoint:
@@ -120,6 +153,10 @@ def main() -> None:
         rows: dict[str, list[str]] = {
             "floor: boto3 loop, receive 10 + delete batch 10": consumer("floor", url)
         }
+        if "lean" in args.clients:
+            rows["lean loop: SQSTransport, receive 10 + delete batch 10"] = consumer(
+                "floor-lean", url
+            )
         for client in args.clients:
             named = f", {client}" if client else ""
             rows[f"def, concurrency 16{named}"] = consumer("def", url, 16, client)
@@ -135,7 +172,14 @@ def main() -> None:
                     f"{result['cpu_us_per_message']:.0f} µs CPU a message",
                     flush=True,
                 )
-    fields = ("rate", "cpu_us_per_message", "requests_per_message", "endpoint_cpu_us_per_message")
+    fields = (
+        "rate",
+        "cpu_us_per_message",
+        "system_us_per_message",
+        "switches_per_message",
+        "requests_per_message",
+        "endpoint_cpu_us_per_message",
+    )
     median: dict[str, dict[str, Any]] = {
         name: {f: statistics.median(r[f] for r in results) for f in fields}
         for name, results in runs.items()
@@ -145,11 +189,15 @@ def main() -> None:
         f"\nendless endpoint, +{args.latency_ms:g} ms an answer, no-op handlers, medians of "
         f"{args.rounds} rounds of {args.seconds:g} s:\n"
     )
-    print("| | worker CPU µs/msg | / floor | msg/s | requests/msg | endpoint CPU µs/msg |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| | worker CPU µs/msg | / floor | of it, kernel | switches/msg | msg/s | requests/msg "
+        "| endpoint CPU µs/msg |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, m in median.items():
         print(
             f"| {name} | {m['cpu_us_per_message']:.0f} | {m['cpu_us_per_message'] / floor:.2f} "
+            f"| {m['system_us_per_message']:.0f} | {m['switches_per_message']:.2f} "
             f"| {m['rate']:.0f} | {m['requests_per_message']:.3f} "
             f"| {m['endpoint_cpu_us_per_message']:.0f} |"
         )

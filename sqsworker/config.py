@@ -27,6 +27,7 @@ RECEIVE_MARGIN = 2  # seconds a lease must outlast the long poll that returned i
 MAX_BATCH_SIZE = 1000  # messages one batch handler call is given, at most
 MAX_BATCH_WINDOW = 300  # seconds a partial batch may wait
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SQS_CLIENTS = ("lean", "boto3")  # the client of the hot SQS calls (transports/lean.py)
 LOG_FORMATS = ("auto", "json", "console")
 KEY_CONFLICT_OUTCOMES = ("reject", "suppress")
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -193,6 +194,16 @@ class WorkerConfig:
             _parse_optional_str,
         ),
     )
+    sqs_client: str = field(
+        default="lean",
+        metadata=_option(
+            "Client of the hot SQS calls (receive, delete, visibility and send batches): "
+            "lean (signed JSON requests over botocore's HTTP session, credentials and "
+            "endpoint; a third of botocore's CPU) or boto3 (botocore's client for every call).",
+            str.lower,
+            metavar="lean|boto3",
+        ),
+    )
     log_level: str = field(
         default="info", metadata=_option("One of debug, info, warning, error.", str.lower)
     )
@@ -354,6 +365,8 @@ class WorkerConfig:
             )
         if not self.shutdown_timeout > 0:
             fail("shutdown_timeout", "must be more than 0 seconds")
+        if self.sqs_client not in SQS_CLIENTS:
+            fail("sqs_client", "must be one of " + ", ".join(SQS_CLIENTS))
         if self.log_level not in LOG_LEVELS:
             fail("log_level", "must be one of " + ", ".join(LOG_LEVELS))
         if not 0 <= self.backoff_base <= MAX_VISIBILITY:

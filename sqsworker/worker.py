@@ -193,6 +193,7 @@ class Worker:
                 endpoint_url=self.config.endpoint_url,
                 region=self.config.region,
                 max_connections=threads + self.room.pollers + self.senders + 2,
+                sqs_client=self.config.sqs_client,
             )
         if self.transport.info.fifo:
             self.inbox.order_by_group()

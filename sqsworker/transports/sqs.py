@@ -17,7 +17,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -39,7 +39,7 @@ from tenacity import (
     wait_random,
 )
 
-from ..config import MAX_WAIT_TIME
+from ..config import MAX_WAIT_TIME, SQS_CLIENTS
 from ..errors import CredentialsError, QueueNotFound, StartupError, TransportError
 from . import (
     BatchResult,
@@ -51,7 +51,14 @@ from . import (
     check_batch,
 )
 
+if TYPE_CHECKING:
+    from .lean import LeanSQS
+
 T = TypeVar("T")
+
+# Which client sends the hot calls (receive, delete, change visibility, send batches):
+# "lean" (signed JSON requests, transports/lean.py) or "boto3" (botocore's client for all).
+DEFAULT_SQS_CLIENT = "lean"
 
 THROTTLING_CODES = frozenset(
     {
@@ -108,8 +115,10 @@ class SQSTransport:
         request_errors: Counter[tuple[str, str]] | None = None,
         attempts: int = 4,
         owns_client: bool = True,
+        lean: LeanSQS | None = None,
     ) -> None:
         self.client = client
+        self.lean = lean
         self.info = info
         self.requests: Counter[str] = requests if requests is not None else Counter()
         self.request_errors: Counter[tuple[str, str]] = (
@@ -127,25 +136,43 @@ class SQSTransport:
         region: str | None = None,
         max_connections: int = 10,
         attempts: int = 4,
+        sqs_client: str | None = None,
     ) -> SQSTransport:
-        """Open ``queue`` (name, URL or ARN); fail with one clear sentence if it cannot work."""
-        client = _client(endpoint_url, region, max_connections)
-        probe = cls(client, _placeholder(queue), attempts=attempts)
+        """Open ``queue`` (name, URL or ARN); fail with one clear sentence if it cannot work.
+
+        ``sqs_client``: "lean" or "boto3" (``DEFAULT_SQS_CLIENT`` if None), the client of
+        the hot calls."""
+        client, lean = _client(endpoint_url, region, max_connections, sqs_client)
+        probe = cls(client, _placeholder(queue), attempts=attempts, lean=lean)
         return probe._bind(queue, owns_client=True)
 
     @classmethod
     def connect_client(
-        cls, *, endpoint_url: str | None = None, region: str | None = None
+        cls,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        sqs_client: str | None = None,
     ) -> SQSTransport:
         """A transport bound to no queue yet: for account-wide calls, and ``open()``."""
-        return cls(_client(endpoint_url, region, 10), _placeholder(""))
+        client, lean = _client(endpoint_url, region, 10, sqs_client)
+        return cls(client, _placeholder(""), lean=lean)
 
     @classmethod
     def reopen(
-        cls, info: QueueInfo, *, endpoint_url: str | None = None, region: str | None = None
+        cls,
+        info: QueueInfo,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        sqs_client: str | None = None,
     ) -> SQSTransport:
-        """The queue ``info`` describes, without asking SQS again (a copy in another process)."""
-        return cls(_client(endpoint_url, region, 10), info)
+        """The queue ``info`` describes, without asking SQS again (a copy in another process).
+
+        The lean client starts on botocore's, and takes the hot calls over from the first
+        request botocore sends (it learns the endpoint and the signing scope from it)."""
+        client, lean = _client(endpoint_url, region, 10, sqs_client)
+        return cls(client, info, lean=lean)
 
     def _bind(self, queue: str, *, owns_client: bool) -> SQSTransport:
         where = f"{self.client.meta.endpoint_url} (region {self.client.meta.region_name})"
@@ -176,6 +203,7 @@ class SQSTransport:
             request_errors=self.request_errors,
             attempts=self.attempts,
             owns_client=owns_client,
+            lean=self.lean,
         )
 
     def _queue_url(self, queue: str) -> str:
@@ -227,6 +255,13 @@ class SQSTransport:
                     raise error from exc
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
+    def _hot(self, action: str, method: Callable[..., T]) -> Callable[..., T]:
+        """The lean client's ``action`` once it knows where and how to send, else botocore's."""
+        lean = self.lean
+        if lean is None or not lean.ready:
+            return method
+        return lambda **kwargs: lean.call(action, kwargs)  # type: ignore[return-value]
+
     # -- Transport -------------------------------------------------------------
 
     def receive(
@@ -248,7 +283,9 @@ class SQSTransport:
             kwargs["ReceiveRequestAttemptId"] = attempt_id
         # One attempt: the caller dates the leases of what it returns from the start of
         # the attempt, so a retry must be the caller's (the worker's receive loop backs off).
-        response = self._call("ReceiveMessage", self.client.receive_message, 1, **kwargs)
+        response = self._call(
+            "ReceiveMessage", self._hot("ReceiveMessage", self.client.receive_message), 1, **kwargs
+        )
         return [
             Envelope(
                 message_id=m["MessageId"],
@@ -264,7 +301,7 @@ class SQSTransport:
         check_batch([entry_id for entry_id, _ in entries])
         response = self._call(
             "DeleteMessageBatch",
-            self.client.delete_message_batch,
+            self._hot("DeleteMessageBatch", self.client.delete_message_batch),
             QueueUrl=self.info.url,
             Entries=[{"Id": i, "ReceiptHandle": h} for i, h in entries],
         )
@@ -275,7 +312,9 @@ class SQSTransport:
         try:
             response = self._call(
                 "ChangeMessageVisibilityBatch",
-                self.client.change_message_visibility_batch,
+                self._hot(
+                    "ChangeMessageVisibilityBatch", self.client.change_message_visibility_batch
+                ),
                 QueueUrl=self.info.url,
                 Entries=[
                     {"Id": i, "ReceiptHandle": h, "VisibilityTimeout": s} for i, h, s in entries
@@ -312,7 +351,7 @@ class SQSTransport:
             entries.append(entry)
         response = self._call(
             "SendMessageBatch",
-            self.client.send_message_batch,
+            self._hot("SendMessageBatch", self.client.send_message_batch),
             QueueUrl=self.info.url,
             Entries=entries,
         )
@@ -359,7 +398,16 @@ def _log_retry(state: RetryCallState) -> None:
     )
 
 
-def _client(endpoint_url: str | None, region: str | None, max_connections: int) -> Any:
+def _client(
+    endpoint_url: str | None, region: str | None, max_connections: int, sqs_client: str | None
+) -> tuple[Any, LeanSQS | None]:
+    """botocore's client, and the lean client of the hot calls riding on it (unless
+    ``sqs_client`` is "boto3")."""
+    sqs_client = sqs_client or DEFAULT_SQS_CLIENT
+    if sqs_client not in SQS_CLIENTS:
+        raise StartupError(
+            f"the SQS client must be one of {', '.join(SQS_CLIENTS)}; got {sqs_client!r}"
+        )
     config = Config(
         # one HTTP attempt per call ("max_attempts" would not count the first): retried
         # here instead, each attempt counted
@@ -370,16 +418,22 @@ def _client(endpoint_url: str | None, region: str | None, max_connections: int) 
     )
     # boto3 reads AWS_DEFAULT_REGION; most AWS tools (and the Lambda runtime) set AWS_REGION.
     region = region or os.environ.get("AWS_REGION") or None
+    session = boto3.session.Session()
     try:
-        return boto3.session.Session().client(
-            "sqs", endpoint_url=endpoint_url, region_name=region, config=config
-        )
+        client = session.client("sqs", endpoint_url=endpoint_url, region_name=region, config=config)
     except NoRegionError:
         raise StartupError(
             "no AWS region was set: set AWS_REGION (or AWS_DEFAULT_REGION) or pass --region"
         ) from None
     except ValueError as exc:  # botocore's words for a malformed endpoint URL
         raise StartupError(f"the endpoint URL {endpoint_url!r} is not usable: {exc}") from None
+    if sqs_client == "boto3":
+        return client, None
+    from .lean import LeanSQS
+
+    # The session's credentials are the ones the client signs with (botocore's chain,
+    # refreshed); frozen afresh for every lean request.
+    return client, LeanSQS(client, session.get_credentials())
 
 
 def _placeholder(queue: str) -> QueueInfo:

@@ -7,6 +7,9 @@ real behaviour is tested on the in-memory transport in tests/unit.
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +34,7 @@ class Env:
     memory: MemorySQS | None = None
     clock: FakeClock | None = None
     server: LocalSQS | None = None
+    sqs_client: str | None = None  # at moto's server: the client of the hot calls
 
     def queue(
         self, name: str, *, max_receive_count: int | None = None, **attributes: str
@@ -46,7 +50,16 @@ class Env:
             return self.memory.transport(name)
         assert self.server is not None
         self.server.create_queue(name, max_receive_count=max_receive_count, **attributes)
-        return SQSTransport.connect(name, endpoint_url=self.server.endpoint_url, region="us-east-1")
+        transport = SQSTransport.connect(
+            name, endpoint_url=self.server.endpoint_url, region="us-east-1", **self.client
+        )
+        # the lean client took the hot calls over, or botocore's has them all
+        assert (transport.lean is not None and transport.lean.ready) == (self.sqs_client != "boto3")
+        return transport
+
+    @property
+    def client(self) -> dict[str, str]:
+        return {"sqs_client": self.sqs_client} if self.sqs_client else {}
 
     def receive_after(
         self, transport: Transport, seconds: float, n: int = 10, vis: int = 30
@@ -90,16 +103,45 @@ class Env:
         return result, took[0]
 
 
-@pytest.fixture(params=["memory", "moto"])
+@pytest.fixture(scope="module")
+def plain_moto() -> Iterator[LocalSQS]:
+    """moto's own server (``python -m moto.server``) in a process of its own, without the
+    changes ``sqsworker local`` makes to it; reached through a LocalSQS's helpers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _listening(port), 30, "moto's server to listen")
+        server = LocalSQS()  # not started: its helpers, pointed at the other server
+        server.endpoint_url = f"http://127.0.0.1:{port}"
+        yield server
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(params=["memory", "moto", "moto-boto3", "moto-server"])
 def env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    """The in-memory SQS; the embedded SQS of ``sqsworker local`` (moto's server) through
+    the default client (the lean one for the hot calls), and through botocore's client
+    alone; and moto's own server in a process of its own, through the default client."""
     if request.param == "memory":
         clock = FakeClock()
         yield Env("memory", memory=MemorySQS(clock), clock=clock)
     else:
-        server: LocalSQS = request.getfixturevalue("local_sqs")
+        fixture = "plain_moto" if request.param == "moto-server" else "local_sqs"
+        server: LocalSQS = request.getfixturevalue(fixture)
         for key, value in server.env().items():
             monkeypatch.setenv(key, value)
-        yield Env("moto", server=server)
+        client = "boto3" if request.param == "moto-boto3" else None
+        yield Env("moto", server=server, sqs_client=client)
 
 
 def test_receive_returns_body_and_attributes_and_hides_the_message(env: Env) -> None:
@@ -321,3 +363,18 @@ def test_unknown_queue_is_refused_clearly(env: Env) -> None:
             assert env.server is not None
             SQSTransport.connect("no-such-queue", endpoint_url=env.server.endpoint_url)
     assert "no-such-queue" in str(raised.value)
+
+
+def test_binary_attributes_arrive_as_the_bytes_sent(env: Env) -> None:
+    q = env.queue("binary")
+    raw = bytes(range(256))
+    attributes = {
+        "blob": {"DataType": "Binary", "BinaryValue": raw},
+        "text": {"DataType": "String", "StringValue": "ü ✓"},
+        "count": {"DataType": "Number", "StringValue": "42"},
+    }
+    send_all(q, [OutgoingMessage("x", message_attributes=attributes)])
+    [m] = q.receive(10, 1, 30)
+    assert m.message_attributes["blob"]["BinaryValue"] == raw
+    assert m.message_attributes["text"]["StringValue"] == "ü ✓"
+    assert m.message_attributes["count"]["StringValue"] == "42"

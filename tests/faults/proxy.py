@@ -34,6 +34,8 @@ class Faults:
     reset: float = 0.0  # share of connections reset after the upstream answered
     throttle: float = 0.0  # share answered 400 ThrottlingException, not forwarded
     unavailable: float = 0.0  # share answered 503 ServiceUnavailable, not forwarded
+    bad_gateway: float = 0.0  # share answered 502 with a load balancer's HTML page
+    garbled: float = 0.0  # share answered 200 with an HTML page (a captive portal), not forwarded
     # SendMessageBatch: a share of entries kept from the upstream and answered Failed with
     # InternalError (a passing fault: sent again, they go), and entries whose body holds
     # ``refuse`` answered Failed with InvalidMessageContents (the sender's fault: never go).
@@ -53,6 +55,9 @@ class FaultProxy:
         self.faults = Faults()
         self.injected: Counter[str] = Counter()
         self.forwarded = 0
+        self.access_keys: Counter[str] = (
+            Counter()
+        )  # requests by the access key they were signed with
         self._random = random.Random(seed)
         self._lock = threading.Lock()  # guards faults, injected, forwarded and _random
         proxy = self
@@ -98,6 +103,10 @@ class FaultProxy:
         length = int(request.headers.get("Content-Length", 0))
         body = request.rfile.read(length) if length else b""
         faults, draw = self._draw()
+        signed = request.headers.get("Authorization", "")
+        if "Credential=" in signed:
+            with self._lock:
+                self.access_keys[signed.split("Credential=", 1)[1].split("/", 1)[0]] += 1
         if faults.latency:
             time.sleep(faults.latency)
         fault = _pick(faults, draw)
@@ -107,6 +116,15 @@ class FaultProxy:
         if fault == "unavailable":
             self._count(fault)
             return _answer(request, 503, "ServiceUnavailable", "Service is unavailable")
+        if fault in ("bad_gateway", "garbled"):
+            self._count(fault)
+            page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+            request.send_response_only(502 if fault == "bad_gateway" else 200)
+            request.send_header("Content-Type", "text/html")
+            request.send_header("Content-Length", str(len(page)))
+            request.end_headers()
+            request.wfile.write(page)
+            return None
         if fault == "stall":
             self._count(fault)
             time.sleep(faults.stall_seconds)
@@ -215,7 +233,7 @@ def _answer(request: BaseHTTPRequestHandler, status: int, code: str, text: str) 
 def _pick(faults: Faults, draw: float) -> str:
     """The fault a draw in [0, 1) lands on, each taking its share of the interval."""
     edge = 0.0
-    for fault in ("throttle", "unavailable", "stall", "reset"):
+    for fault in ("throttle", "unavailable", "stall", "reset", "bad_gateway", "garbled"):
         edge += getattr(faults, fault)
         if draw < edge:
             return fault

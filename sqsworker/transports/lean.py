@@ -1,0 +1,250 @@
+"""The lean path for SQS's hot calls: a signed JSON request, without botocore's per-call work.
+
+botocore spends about a millisecond of CPU on a receive of 10 (validating, serializing,
+resolving the endpoint, emitting a dozen events, signing, parsing against the model);
+the worker makes one receive and one delete batch per 10 messages, so that is most of
+its CPU. ``LeanSQS`` sends ReceiveMessage, DeleteMessageBatch,
+ChangeMessageVisibilityBatch and SendMessageBatch as SQS's JSON protocol, signed with
+SigV4 (the signing key cached for its day), encoded and decoded with orjson, and keeps
+from botocore everything that must stay exactly right:
+
+- the credentials: the botocore session's own (its provider chain: environment,
+  profiles, SSO, web identity, ECS and EC2 roles), frozen afresh for every request,
+  so refreshable ones are refreshed as botocore would;
+- the endpoint, the signing region and the service name: taken from a request botocore
+  itself signed and sent (``learn()``, the queue check at start), so ``--endpoint-url``,
+  ``AWS_ENDPOINT_URL_SQS``, FIPS and dual-stack resolve as botocore resolves them;
+- the HTTP session: the client's own (urllib3 with its CA bundle, ``AWS_CA_BUNDLE``, its
+  proxies, ``HTTPS_PROXY`` and ``NO_PROXY``, its connect and read timeouts and its pool),
+  and with it botocore's exceptions for connection faults;
+- the meaning of errors: an answer of 300 or more is parsed by botocore's own JSON parser
+  and raised as the ``ClientError`` botocore would raise, so ``translate()`` maps it
+  exactly as it maps botocore's.
+
+Binary message attributes travel base64-encoded in the JSON protocol: they are encoded
+and decoded here as botocore does (``bytes`` in Python).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import botocore
+import orjson
+from botocore.awsrequest import AWSPreparedRequest
+from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
+from botocore.parsers import create_parser
+
+from .. import __version__
+
+HOT_ACTIONS = frozenset(
+    {"ReceiveMessage", "DeleteMessageBatch", "ChangeMessageVisibilityBatch", "SendMessageBatch"}
+)
+_CONTENT_TYPE = "application/x-amz-json-1.0"
+_ALGORITHM = "AWS4-HMAC-SHA256"
+
+
+class Signer:
+    """SigV4 for a POST of a JSON body to one endpoint, the signing key kept for its day."""
+
+    def __init__(self, host: str, region: str, service: str) -> None:
+        self.host, self.region, self.service = host, region, service
+        self._keys: dict[tuple[str, str], bytes] = {}  # (secret key, day) -> signing key
+        self._lock = threading.Lock()
+
+    def _key(self, secret: str, day: str) -> bytes:
+        key = self._keys.get((secret, day))
+        if key is None:
+            key = ("AWS4" + secret).encode()
+            for part in (day, self.region, self.service, "aws4_request"):
+                key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+            with self._lock:
+                if len(self._keys) > 8:  # rotated credentials, past days
+                    self._keys.clear()
+                self._keys[secret, day] = key
+        return key
+
+    def headers(
+        self,
+        target: str,
+        body: bytes,
+        access_key: str,
+        secret_key: str,
+        token: str | None,
+        now: datetime.datetime,
+    ) -> dict[str, str]:
+        """The request's headers, ``Authorization`` included."""
+        stamp = now.strftime("%Y%m%dT%H%M%SZ")
+        day = stamp[:8]
+        headers = {
+            "Content-Type": _CONTENT_TYPE,
+            "Host": self.host,
+            "X-Amz-Date": stamp,
+            "X-Amz-Target": target,
+        }
+        canonical = [
+            f"content-type:{_CONTENT_TYPE}",
+            f"host:{self.host}",
+            f"x-amz-date:{stamp}",
+        ]
+        signed = "content-type;host;x-amz-date"
+        if token:
+            headers["X-Amz-Security-Token"] = token
+            canonical.append(f"x-amz-security-token:{token}")
+            signed += ";x-amz-security-token"
+        canonical.append(f"x-amz-target:{target}")
+        signed += ";x-amz-target"
+        request = "\n".join(
+            ["POST", "/", "", *canonical, "", signed, hashlib.sha256(body).hexdigest()]
+        )
+        scope = f"{day}/{self.region}/{self.service}/aws4_request"
+        to_sign = f"{_ALGORITHM}\n{stamp}\n{scope}\n{hashlib.sha256(request.encode()).hexdigest()}"
+        signature = hmac.new(self._key(secret_key, day), to_sign.encode(), hashlib.sha256)
+        headers["Authorization"] = (
+            f"{_ALGORITHM} Credential={access_key}/{scope}, SignedHeaders={signed}, "
+            f"Signature={signature.hexdigest()}"
+        )
+        return headers
+
+
+class LeanSQS:
+    """SQS's hot calls as lean signed requests, over a botocore client's own session."""
+
+    def __init__(self, client: Any, credentials: Any) -> None:
+        self._client = client
+        self._credentials = credentials  # the session's (refreshable) credentials, or None
+        self._http = client._endpoint.http_session  # botocore's URLLib3Session: TLS, proxies
+        self._model = client.meta.service_model
+        self._target = self._model.metadata["targetPrefix"]
+        self._parser = create_parser(self._model.metadata["protocol"])
+        self._agent = f"sqsworker/{__version__} botocore/{botocore.__version__} lean"
+        self.url: str | None = None
+        self._signer: Signer | None = None
+        client.meta.events.register("before-send.sqs", self._learn)
+
+    def _learn(self, request: Any, **kwargs: Any) -> None:
+        """From a request botocore resolved and signed: where to send, and how to sign."""
+        if self._signer is not None:
+            return
+        authorization = request.headers.get("Authorization")
+        if authorization is None:
+            return
+        if isinstance(authorization, bytes):
+            authorization = authorization.decode()
+        if not authorization.startswith(_ALGORITHM + " Credential="):
+            return  # signed some other way (SigV4a): stay on botocore
+        scope = authorization.split("Credential=", 1)[1].split(",", 1)[0].split("/")
+        if len(scope) != 5:
+            return
+        parts = urlsplit(request.url)
+        if parts.path not in ("", "/") or parts.query:
+            return
+        self.url = f"{parts.scheme}://{parts.netloc}/"
+        self._signer = Signer(_host(parts.scheme, parts.netloc), scope[2], scope[3])
+
+    @property
+    def ready(self) -> bool:
+        return self._signer is not None
+
+    def call(self, action: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``action`` with ``params`` (botocore's shapes); returns what botocore would,
+        without its ``ResponseMetadata``. Raises botocore's exceptions."""
+        signer, url = self._signer, self.url
+        assert signer is not None and url is not None, "learn() has not seen a request"
+        if self._credentials is None:
+            raise NoCredentialsError()
+        frozen = self._credentials.get_frozen_credentials()
+        if frozen.access_key is None or frozen.secret_key is None:
+            raise NoCredentialsError()
+        if action == "SendMessageBatch":
+            params = _encode_binary_entries(params)
+        try:
+            body = orjson.dumps(params)
+        except orjson.JSONEncodeError:  # text orjson refuses (a lone surrogate): as botocore
+            body = json.dumps(params).encode()
+        headers = signer.headers(
+            f"{self._target}.{action}",
+            body,
+            frozen.access_key,
+            frozen.secret_key,
+            frozen.token,
+            datetime.datetime.now(datetime.UTC),
+        )
+        headers["User-Agent"] = self._agent
+        # a plain dict of headers: urllib3 takes it, and botocore's session reads it as one
+        request = AWSPreparedRequest("POST", url, cast(Any, headers), body, False)
+        response = self._http.send(request)
+        content = response.content
+        if response.status_code >= 300:
+            self._raise(action, response.status_code, response.headers, content)
+        try:
+            result: dict[str, Any] = orjson.loads(content) if content else {}
+        except orjson.JSONDecodeError:
+            # botocore would read this as an empty answer (no messages, no entries
+            # settled); a garbled answer is a fault of the way there instead (as a reset
+            # would be: translate() makes it a retryable ConnectionError)
+            text = f"the answer (HTTP {response.status_code}) is not JSON: {content[:200]!r}"
+            raise HTTPClientError(error=ValueError(text)) from None
+        if action == "ReceiveMessage":
+            _decode_binary_attributes(result)
+        return result
+
+    def _raise(self, action: str, status: int, headers: Any, body: bytes) -> None:
+        """The error botocore would raise for this answer (its parser, its exception class)."""
+        operation = self._model.operation_model(action)
+        parsed = self._parser.parse(
+            {"status_code": status, "headers": headers, "body": body}, operation.output_shape
+        )
+        parsed.setdefault("ResponseMetadata", {})["HTTPStatusCode"] = status
+        code = parsed.get("Error", {}).get("Code")
+        error: type[ClientError] = self._client.exceptions.from_code(code)
+        raise error(parsed, action)
+
+
+def _host(scheme: str, netloc: str) -> str:
+    """The Host header botocore signs: the URL's, without a default port."""
+    default = {"https": ":443", "http": ":80"}.get(scheme)
+    return netloc.removesuffix(default) if default else netloc
+
+
+def _decode_binary_attributes(result: dict[str, Any]) -> None:
+    for message in result.get("Messages", ()):
+        for value in message.get("MessageAttributes", {}).values():
+            if "BinaryValue" in value:
+                value["BinaryValue"] = base64.b64decode(value["BinaryValue"])
+            if "BinaryListValues" in value:
+                value["BinaryListValues"] = [base64.b64decode(v) for v in value["BinaryListValues"]]
+
+
+def _encode_binary_entries(params: Mapping[str, Any]) -> dict[str, Any]:
+    entries = []
+    for entry in params.get("Entries", ()):
+        attributes = entry.get("MessageAttributes")
+        if attributes and any(
+            "BinaryValue" in v or "BinaryListValues" in v for v in attributes.values()
+        ):
+            entry = {**entry, "MessageAttributes": {k: _encoded(v) for k, v in attributes.items()}}
+        entries.append(entry)
+    return {**params, "Entries": entries}
+
+
+def _encoded(value: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(value)
+    if "BinaryValue" in out:
+        out["BinaryValue"] = _b64(out["BinaryValue"])
+    if "BinaryListValues" in out:
+        out["BinaryListValues"] = [_b64(v) for v in out["BinaryListValues"]]
+    return out
+
+
+def _b64(value: bytes | bytearray | str) -> str:
+    raw = value.encode() if isinstance(value, str) else bytes(value)
+    return base64.b64encode(raw).decode()
