@@ -111,7 +111,9 @@ class SQSDataSource(DataSource):
         options = SourceOptions.parse(self.options)
         info = _queue_info(options.queue, options.endpoint_url, options.region)
         try:  # refused here, at the query's start, with one sentence
-            marker = open_log(options.wal_path, options.region).prepare()
+            wal = open_log(options.wal_path, options.region)
+            marker = wal.prepare()
+            wal.refuse_other_queue(info.url)  # another query's log: its rows are not ours
         except LogUnusable as exc:
             raise SQSOptionError(str(exc)) from None
         return SQSStreamReader(options, info, marker)
@@ -239,6 +241,7 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
     wal.confirm(partition.marker)  # a folder the driver does not see is refused
     logged = wal.read(partition.seq, partition.index)
     if logged is not None:
+        logged.refuse_other_queue(partition.info.url, options.wal_path)
         return logged
     transport = SQSTransport.reopen(
         partition.info, endpoint_url=options.endpoint_url, region=options.region
@@ -252,6 +255,7 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
             time.time() if received_at is None else received_at,
             tuple(received),
             tuple(began for began, _ in receipts),
+            partition.info.url,
         )
         recorded = wal.write(ours)
         if recorded is not ours and received:  # another attempt recorded this slot first
@@ -260,6 +264,7 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
                 transport.change_visibility_batch(
                     [(str(i), e.receipt_handle, 0) for i, e in enumerate(chunk)]
                 )
+        recorded.refuse_other_queue(partition.info.url, options.wal_path)
         return recorded
     finally:
         transport.close()
@@ -369,6 +374,7 @@ class _Driver:
 
     def __init__(self, options: SourceOptions, info: QueueInfo) -> None:
         self.options = options
+        self.queue_url = info.url
         self.transport = SQSTransport.reopen(
             info, endpoint_url=options.endpoint_url, region=options.region
         )
@@ -458,6 +464,14 @@ class _Driver:
         if slot.seq <= self._committed or key in self._seen:
             return
         self._seen.add(key)
+        if slot.queue and slot.queue != self.queue_url:  # another query's: its task fails
+            log.error(
+                "a write-ahead log slot holds messages of another queue; its leases are "
+                "not kept here (give each query a walPath of its own)",
+                path=self.wal.where(*key),
+                queue=slot.queue,
+            )
+            return
         # Each lease from when its own receive began (a partition that received nothing
         # holds none). The keeper counts on its monotonic clock; the log on the wall's.
         offset = self.clock.monotonic() - self.clock.time()

@@ -56,13 +56,15 @@ class LogUnusable(ValueError):
 class Slot:
     """One partition of one batch: the messages it received, and when (epoch seconds):
     ``received_at`` its first receive that returned messages began, ``began`` (one for
-    each message, when given) the receive that returned that message."""
+    each message, when given) the receive that returned that message; ``queue`` the URL
+    of the queue they came from (empty in a slot written before it was recorded)."""
 
     seq: int
     partition: int
     received_at: float
     messages: tuple[Envelope, ...]
     began: tuple[float, ...] = ()
+    queue: str = ""
 
     def leases(self) -> list[tuple[float, list[Envelope]]]:
         """The messages grouped by when their receive began, each lease counted from it."""
@@ -81,6 +83,7 @@ class Slot:
             {
                 "seq": self.seq,
                 "partition": self.partition,
+                "queue": self.queue,
                 "received_at": self.received_at,
                 "began": list(self.began),
                 "messages": [
@@ -105,7 +108,18 @@ class Slot:
             received_at=float(raw["received_at"]),
             messages=tuple(Envelope(**m) for m in raw["messages"]),
             began=tuple(float(b) for b in raw.get("began", ())),
+            queue=str(raw.get("queue", "")),
         )
+
+    def refuse_other_queue(self, queue: str, wal_path: str) -> None:
+        """Raise ``LogUnusable`` if this slot's messages came from another queue than
+        ``queue``: the log is another query's."""
+        if self.queue and self.queue != queue:
+            raise LogUnusable(
+                f"the sqs option 'walPath' ({wal_path}) holds the write-ahead log of queue "
+                f"{self.queue}, not of {queue}: give each query a walPath of its own, as "
+                f"each has a checkpoint of its own"
+            )
 
 
 def slot_name(seq: int, partition: int) -> str:
@@ -152,6 +166,19 @@ class WriteAheadLog(ABC):
     def prepare(self) -> str | None:
         """At the query's start: refuse a place that cannot work; the marker tasks check."""
         return None
+
+    def refuse_other_queue(self, queue: str) -> None:
+        """At the query's start: raise ``LogUnusable`` if a slot left in the log holds
+        messages of another queue (a listing, and one slot read)."""
+        for seq, partition in self.names():
+            slot = self._readable(seq, partition)
+            if slot is not None:
+                slot.refuse_other_queue(queue, self.place())
+                return
+
+    @abstractmethod
+    def place(self) -> str:
+        """The log's place, as ``walPath`` names it."""
 
     def find(self, keys: Iterable[tuple[int, int]]) -> list[Slot]:
         """Those of the slots named by ``keys`` that are written (read by name)."""
@@ -203,6 +230,9 @@ class LocalLog(WriteAheadLog):
 
     def path(self, seq: int, partition: int) -> Path:
         return self.root / slot_name(seq, partition)
+
+    def place(self) -> str:
+        return str(self.root)
 
     def where(self, seq: int, partition: int) -> str:
         return str(self.path(seq, partition))
@@ -307,6 +337,9 @@ class S3Log(WriteAheadLog):
 
     def where(self, seq: int, partition: int) -> str:
         return f"s3://{self.bucket}/{self.key(seq, partition)}"
+
+    def place(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
 
     def read(self, seq: int, partition: int) -> Slot | None:
         from botocore.exceptions import ClientError
