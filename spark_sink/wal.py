@@ -25,6 +25,7 @@ and the batch's slots.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -96,12 +97,13 @@ class Slot:
                     }
                     for e in self.messages
                 ],
-            }
+            },
+            default=_bytes_out,  # a Binary attribute's value
         )
 
     @classmethod
     def loads(cls, text: str | bytes) -> Slot:
-        raw: dict[str, Any] = json.loads(text)
+        raw: dict[str, Any] = json.loads(text, object_hook=_bytes_in)
         return cls(
             seq=int(raw["seq"]),
             partition=int(raw["partition"]),
@@ -120,6 +122,22 @@ class Slot:
                 f"{self.queue}, not of {queue}: give each query a walPath of its own, as "
                 f"each has a checkpoint of its own"
             )
+
+
+BYTES = "__bytes__"  # in a slot, what stands for bytes: {"__bytes__": base64}
+
+
+def _bytes_out(value: object) -> dict[str, str]:
+    """Bytes (SQS gives a Binary attribute's value so) in JSON."""
+    if isinstance(value, bytes | bytearray):
+        return {BYTES: base64.b64encode(value).decode()}
+    raise TypeError(f"a slot cannot hold {type(value).__name__}")
+
+
+def _bytes_in(value: dict[str, Any]) -> Any:
+    if len(value) == 1 and isinstance(value.get(BYTES), str):
+        return base64.b64decode(value[BYTES])
+    return value
 
 
 def slot_name(seq: int, partition: int) -> str:
@@ -152,7 +170,8 @@ class WriteAheadLog(ABC):
 
     @abstractmethod
     def write(self, slot: Slot) -> Slot:
-        """Record ``slot`` unless its place is taken; returns the slot that is recorded."""
+        """Record ``slot`` unless its place is taken; returns the slot that is recorded
+        (``slot`` itself when it is the one recorded, even if found already there)."""
 
     def confirm(self, marker: str | None) -> None:  # noqa: B027 (most places need no check)
         """Raise ``LogUnusable`` if this process does not see the log the driver made."""
@@ -253,8 +272,9 @@ class LocalLog(WriteAheadLog):
             os.fsync(out.fileno())
         try:
             os.link(aside, final)  # atomic, and refuses an existing name: one winner
-        except FileExistsError:
-            return Slot.loads(final.read_text())
+        except FileExistsError:  # on NFS, also a retried link whose answer was lost: ours
+            recorded = Slot.loads(final.read_text())
+            return slot if recorded == slot else recorded
         finally:
             aside.unlink()
         return slot
@@ -377,7 +397,9 @@ class S3Log(WriteAheadLog):
                     raise
             recorded = self.read(slot.seq, slot.partition)
             if recorded is not None:
-                return recorded
+                # Ours, when S3 stored our first try but its answer was lost (a 500, a
+                # timeout) and boto3 sent it again: not another attempt's win.
+                return slot if recorded == slot else recorded
         raise RuntimeError(f"writing {self.where(slot.seq, slot.partition)} kept conflicting")
 
     def names(self) -> list[tuple[int, int]]:

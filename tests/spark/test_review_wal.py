@@ -4,17 +4,22 @@ it on the driver, against moto's server)."""
 
 from __future__ import annotations
 
+import base64
+import http.client
 import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from spark_sink import SQSDataSource
 from spark_sink.options import SourceOptions, SQSOptionError
-from spark_sink.source import SCHEMA, SQSPartition, receive_or_replay
+from spark_sink.source import SCHEMA, SQSPartition, receive_or_replay, row
 from spark_sink.wal import LocalLog, LogUnusable
 from sqsworker.local import LocalSQS
-from sqsworker.transports import send_all
+from sqsworker.transports import OutgoingMessage, send_all
 
 from .conftest import make_queue, s3_bucket
 
@@ -72,3 +77,98 @@ def test_an_option_the_source_does_not_know_is_refused(name: str, hint: str) -> 
     if hint:
         with pytest.raises(SQSOptionError, match=re.escape(hint)):
             SourceOptions.parse({"queue": "q", "walPath": "/w", name.lower(): "10"})
+
+
+def test_a_slot_whose_first_answer_was_lost_keeps_its_messages(
+    aws: LocalSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # S3 stored the slot, but its answer was lost (a 500, a timeout): boto3 sends the
+    # PutObject again, and S3 answers PreconditionFailed, the slot being there: ours.
+    queue = make_queue(aws, "orders")
+    sent = sorted(send_all(queue, [f"order {n}" for n in range(5)]))
+    bucket = s3_bucket()
+    proxy = _LosingFirstAnswer(aws.endpoint_url)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{proxy.server_address[1]}")
+        options = SourceOptions.parse(
+            {"queue": queue.info.url, "walPath": f"s3://{bucket}/wal", "waitTimeSeconds": "0"}
+        )
+        slot = receive_or_replay(SQSPartition(1, 0, 10, options, queue.info))
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert proxy.lost == ["/wal/000000000001/part-00000.json"]
+    assert sorted(m.message_id for m in slot.messages) == sent
+    # The batch returns them as rows and the driver keeps their leases: none handed back.
+    assert queue.counts().visible == 0
+
+
+class _LosingFirstAnswer(ThreadingHTTPServer):
+    """Forwards every request to moto's server; the first PutObject of a slot is done,
+    but its answer is a 500 (as when S3's answer is lost), so boto3 sends it again."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: str) -> None:
+        target = urlsplit(upstream)
+        lost = self.lost = list[str]()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def forward(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                body = self.rfile.read(length) if length else b""
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                connection = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                try:
+                    connection.request(self.command, self.path, body, headers)
+                    answer = connection.getresponse()
+                    status, data, given = answer.status, answer.read(), answer.getheaders()
+                finally:
+                    connection.close()
+                path = urlsplit(self.path).path
+                if self.command == "PUT" and "/part-" in path and status == 200 and not lost:
+                    lost.append(path[path.index("/wal/") :])
+                    status, given = 500, [("Content-Type", "application/xml")]
+                    data = b"<Error><Code>InternalError</Code><Message>lost</Message></Error>"
+                self.send_response_only(status)
+                for name, value in given:
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = forward
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_a_message_with_a_binary_attribute_is_logged_and_replayed_whole(
+    aws: LocalSQS, tmp_path: Path
+) -> None:
+    # SQS gives a Binary attribute's value as bytes, which JSON has no word for.
+    queue = make_queue(aws, "orders")
+    attributes = {
+        "signature": {"DataType": "Binary", "BinaryValue": b"\x00\xffsig"},
+        "kind": {"DataType": "String", "StringValue": "order"},
+    }
+    send_all(queue, [OutgoingMessage("an order", message_attributes=attributes)])
+    wal = str(tmp_path / "wal")
+    options = SourceOptions.parse({"queue": queue.info.url, "walPath": wal})
+    partition = SQSPartition(1, 0, 10, options, queue.info, LocalLog(wal).prepare())
+    received = receive_or_replay(partition)
+    replayed = receive_or_replay(partition)  # a task retried: the log's rows
+    assert replayed == received
+    assert [m.message_attributes for m in replayed.messages] == [attributes]
+    assert row(replayed.messages[0], replayed.received_at)[3] == {
+        "signature": base64.b64encode(b"\x00\xffsig").decode(),
+        "kind": "order",
+    }
