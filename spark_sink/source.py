@@ -391,6 +391,11 @@ class _Driver:
         # so a slot is never adopted into a batch that a commit already took
         self._lock = threading.RLock()
         self._held: dict[int, list[Held]] = {}  # seq -> its messages, leases kept
+        # Slots an earlier driver left that this one has not planned: a committed batch's
+        # whose deletes were not seen answered, or one a late task attempt wrote after its
+        # batch committed (messages no batch returned). Not told apart, they are handed
+        # back at the commit, never deleted: what comes again is dropped by message_id.
+        self._left: dict[tuple[int, int], list[Held]] = {}
         self._seen: set[tuple[int, int]] = set()  # (seq, partition) slots handed to the keeper
         # slots planned whose slot is not seen yet -> until when to look for it often (a
         # task that never writes its slot, a query that failed, is looked for rarely then)
@@ -406,7 +411,7 @@ class _Driver:
         # What an earlier driver of this query left: the one listing of the log.
         with self._lock:
             for slot in self.wal.slots():
-                self._adopt(slot)
+                self._adopt(slot, left=True)
         self._watcher = threading.Thread(target=self._watch, name="spark-sink-wal", daemon=True)
         self._watcher.start()
 
@@ -419,6 +424,8 @@ class _Driver:
         with self._lock:
             for key in slots:
                 self._known.add(key)
+                if key in self._left:  # a batch replayed: its rows are returned again
+                    self._held.setdefault(key[0], []).extend(self._left.pop(key))
                 if key not in self._seen:
                     self._due[key] = until
         self._nudge.set()
@@ -457,7 +464,7 @@ class _Driver:
             for slot in found:
                 self._adopt(slot)
 
-    def _adopt(self, slot: Slot) -> None:
+    def _adopt(self, slot: Slot, left: bool = False) -> None:
         key = slot.key
         self._due.pop(key, None)
         self._known.add(key)
@@ -477,26 +484,30 @@ class _Driver:
         offset = self.clock.monotonic() - self.clock.time()
         for began, envelopes in slot.leases():
             held = self.keeper.add(envelopes, began + offset, self.options.visibility_timeout)
-            self._held.setdefault(slot.seq, []).extend(held)
+            if left:
+                self._left.setdefault(key, []).extend(held)
+            else:
+                self._held.setdefault(slot.seq, []).extend(held)
 
     def commit_through(self, seq: int) -> None:
         """Delete every message of every batch up to ``seq``, then forget their log.
 
         The deletes go on after this returns, so the next batch is read meanwhile; their
         leases are kept until SQS answers, and the log stays until then (a driver
-        restarted before then deletes from it). ``settle()`` waits for them.
+        restarted before then hands them back from it). ``settle()`` waits for them.
         """
         with self._lock:
             if seq <= self._committed:
                 return
             self.adopt()  # a slot written since the last look is committed too
             batches = [self._held.pop(s) for s in list(self._held) if s <= seq]
+            returned = [h for key in list(self._left) if key[0] <= seq for h in self._left.pop(key)]
             self._due = {key: until for key, until in self._due.items() if key[0] > seq}
             slots = {key for key in self._known if key[0] <= seq}
             self._known -= slots
             self._committed = seq
             held = [h for batch in batches for h in batch]
-            self._last_commit = self._committer.submit(self._settle, seq, held, slots)
+            self._last_commit = self._committer.submit(self._settle, seq, held, slots, returned)
 
     def settle(self) -> None:
         """Wait until every commit so far has its deletes answered and its log gone."""
@@ -505,10 +516,25 @@ class _Driver:
         if last is not None:
             last.result()
 
-    def _settle(self, seq: int, held: list[Held], slots: set[tuple[int, int]]) -> None:
+    def _settle(
+        self,
+        seq: int,
+        held: list[Held],
+        slots: set[tuple[int, int]],
+        returned: list[Held] | None = None,
+    ) -> None:
+        if returned:
+            log.warning(
+                "messages an earlier driver left in the write-ahead log of a committed "
+                "batch are handed back; those a batch returned are dropped by message_id "
+                "when they come again",
+                count=len(returned),
+                batch_id=seq - 1,
+            )
         try:
-            unsent = self.keeper.delete_now(held, DELETE_TIMEOUT)
-        except Exception:  # the log stays: a restarted driver deletes from it
+            unsent = self.keeper.hand_back_now(returned or [], DELETE_TIMEOUT)
+            unsent += self.keeper.delete_now(held, DELETE_TIMEOUT)
+        except Exception:  # the log stays: a restarted driver hands them back
             log.exception("deleting committed messages failed", batch_id=seq - 1)
             return
         if unsent:
@@ -517,10 +543,10 @@ class _Driver:
                 count=unsent,
                 batch_id=seq - 1,
             )
-        # The log goes once SQS answered: a driver restarted before then deletes from it.
+        # The log goes once SQS answered: a driver restarted before then hands them back.
         try:
             self.wal.drop(slots)
-        except Exception:  # left behind: a restarted driver deletes again, and drops them
+        except Exception:  # left behind: a restarted driver hands back, and drops them
             log.exception("removing committed slots of the write-ahead log failed")
             return
         with self._lock:

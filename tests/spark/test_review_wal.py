@@ -16,12 +16,13 @@ import pytest
 
 from spark_sink import SQSDataSource
 from spark_sink.options import SourceOptions, SQSOptionError
-from spark_sink.source import SCHEMA, SQSPartition, receive_or_replay, row
+from spark_sink.source import SCHEMA, SQSPartition, _Driver, receive_or_replay, row
 from spark_sink.wal import LocalLog, LogUnusable
 from sqsworker.local import LocalSQS
 from sqsworker.transports import OutgoingMessage, send_all
 
-from .conftest import make_queue, s3_bucket
+from ..conftest import wait_until
+from .conftest import make_queue, s3_bucket, slot_files
 
 
 def start(queue_url: str, wal: str) -> None:
@@ -172,3 +173,41 @@ def test_a_message_with_a_binary_attribute_is_logged_and_replayed_whole(
         "signature": base64.b64encode(b"\x00\xffsig").decode(),
         "kind": "order",
     }
+
+
+def test_a_slot_a_late_attempt_wrote_after_its_batch_committed_is_not_deleted_at_restart(
+    aws: LocalSQS, tmp_path: Path
+) -> None:
+    # Batch 0's partition had two attempts (speculation, or an executor taken for lost
+    # that was not): one wrote the slot, the batch committed, its slot was removed; the
+    # other, still receiving, then wrote the slot afresh with messages no batch returned.
+    queue = make_queue(aws, "orders")
+    send_all(queue, ["returned by batch 0"])
+    wal = str(tmp_path / "wal")
+    options = SourceOptions.parse(
+        {"queue": queue.info.url, "walPath": wal, "waitTimeSeconds": "0", "numPartitions": "1"}
+    )
+    first = _Driver(options, queue.info)
+    partition = SQSPartition(1, 0, 10, options, queue.info, LocalLog(wal).prepare())
+    first.expect([(1, 0)])
+    assert [m.body for m in receive_or_replay(partition).messages] == ["returned by batch 0"]
+    first.commit_through(1)
+    first.settle()
+    assert slot_files(tmp_path / "wal") == []
+
+    late = sorted(send_all(queue, ["received by the late attempt"]))
+    assert [m.message_id for m in receive_or_replay(partition).messages] == late
+    first.close()
+
+    # The driver restarted within the late messages' lease; Spark commits batch 0 again.
+    second = _Driver(options, queue.info)
+    try:
+        second.commit_through(1)
+        second.settle()
+    finally:
+        second.close()
+    # No batch returned them: they must come again, not be deleted.
+    assert queue.counts().total == 1
+    wait_until(lambda: queue.counts().visible == 1, what="the late attempt's message back")
+    assert sorted(m.message_id for m in queue.receive(10, 0, 30)) == late
+    assert slot_files(tmp_path / "wal") == []
