@@ -435,7 +435,7 @@ class S3Log(WriteAheadLog):
     def prepare(self) -> None:
         """Refuse a bucket that does not exist, cannot be written, or does not honour
         conditional writes (without them two attempts at a slot could both win)."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         where = f"s3://{self.bucket}/{self.prefix}"
         probe = (
@@ -455,6 +455,12 @@ class S3Log(WriteAheadLog):
                 f"the sqs option 'walPath' ({where}) cannot be used: S3 answered "
                 f"{_code(exc)} for bucket {self.bucket!r} (the driver and executors need "
                 f"s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket on it)"
+            ) from None
+        except NoCredentialsError:
+            raise LogUnusable(
+                f"the sqs option 'walPath' ({where}) cannot be used: no AWS credentials were "
+                f"found (the driver and every executor need them: environment, profile, "
+                f"instance or pod role)"
             ) from None
         except BotoCoreError as exc:
             raise LogUnusable(

@@ -17,7 +17,7 @@ import pytest
 from spark_sink import SQSDataSource
 from spark_sink.options import SourceOptions, SQSOptionError
 from spark_sink.source import SCHEMA, SQSPartition, _Driver, receive_or_replay, row
-from spark_sink.wal import LocalLog, LogUnusable
+from spark_sink.wal import LocalLog, LogUnusable, S3Log
 from sqsworker.local import LocalSQS
 from sqsworker.transports import OutgoingMessage, send_all
 
@@ -211,3 +211,21 @@ def test_a_slot_a_late_attempt_wrote_after_its_batch_committed_is_not_deleted_at
     wait_until(lambda: queue.counts().visible == 1, what="the late attempt's message back")
     assert sorted(m.message_id for m in queue.receive(10, 0, 30)) == late
     assert slot_files(tmp_path / "wal") == []
+
+
+def test_an_s3_wal_path_without_credentials_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with pytest.raises(LogUnusable) as refused:
+        S3Log("orders-bucket", "wal").prepare()
+    assert str(refused.value) == (
+        "the sqs option 'walPath' (s3://orders-bucket/wal) cannot be used: no AWS "
+        "credentials were found (the driver and every executor need them: environment, "
+        "profile, instance or pod role)"
+    )
