@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import boto3
 import pytest
 
 from spark_sink import SQSDataSource
@@ -222,6 +223,7 @@ def test_an_s3_wal_path_without_credentials_says_so(
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # as a new process has it
     with pytest.raises(LogUnusable) as refused:
         S3Log("orders-bucket", "wal").prepare()
     assert str(refused.value) == (
