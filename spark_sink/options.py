@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        _refuse_unknown(options, SOURCE_OPTIONS)
         given = {k.lower(): v for k, v in options.items()}  # Spark's options ignore case
         queue = _required(given, "queue", "the queue's name or URL", "orders")
         wal_path = _required(
@@ -94,6 +96,34 @@ class SinkOptions:
             endpoint_url=given.get("endpointurl") or None,
             payload_bucket=bucket,
             payload_threshold=threshold,
+        )
+
+
+SOURCE_OPTIONS = (
+    "queue",
+    "walPath",
+    "region",
+    "endpointUrl",
+    "maxMessagesPerBatch",
+    "numPartitions",
+    "visibilityTimeout",
+    "waitTimeSeconds",
+    "receivesInFlight",
+    "payloadBucket",
+)
+
+
+def _refuse_unknown(options: Mapping[str, str], known: tuple[str, ...]) -> None:
+    """An option nobody reads is a mistake said nowhere (a misspelt visibilityTimeout
+    keeps the default lease): refused, with the likeliest meant."""
+    names = {name.lower(): name for name in known}
+    for given in options:
+        if given.lower() in names:
+            continue
+        close = difflib.get_close_matches(given.lower(), list(names), n=1)
+        meant = f" (did you mean {names[close[0]]!r}?)" if close else ""
+        raise SQSOptionError(
+            f"the sqs source has no option {given!r}{meant}; its options are {', '.join(known)}"
         )
 
 

@@ -111,7 +111,9 @@ class SQSDataSource(DataSource):
         options = SourceOptions.parse(self.options)
         info = _queue_info(options.queue, options.endpoint_url, options.region)
         try:  # refused here, at the query's start, with one sentence
-            marker = open_log(options.wal_path, options.region).prepare()
+            wal = open_log(options.wal_path, options.region)
+            marker = wal.prepare()
+            wal.refuse_other_queue(info.url)  # another query's log: its rows are not ours
         except LogUnusable as exc:
             raise SQSOptionError(str(exc)) from None
         return SQSStreamReader(options, info, marker)
@@ -239,6 +241,7 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
     wal.confirm(partition.marker)  # a folder the driver does not see is refused
     logged = wal.read(partition.seq, partition.index)
     if logged is not None:
+        logged.refuse_other_queue(partition.info.url, options.wal_path)
         return logged
     transport = SQSTransport.reopen(
         partition.info, endpoint_url=options.endpoint_url, region=options.region
@@ -252,6 +255,7 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
             time.time() if received_at is None else received_at,
             tuple(received),
             tuple(began for began, _ in receipts),
+            partition.info.url,
         )
         recorded = wal.write(ours)
         if recorded is not ours and received:  # another attempt recorded this slot first
@@ -260,6 +264,7 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
                 transport.change_visibility_batch(
                     [(str(i), e.receipt_handle, 0) for i, e in enumerate(chunk)]
                 )
+        recorded.refuse_other_queue(partition.info.url, options.wal_path)
         return recorded
     finally:
         transport.close()
@@ -369,6 +374,7 @@ class _Driver:
 
     def __init__(self, options: SourceOptions, info: QueueInfo) -> None:
         self.options = options
+        self.queue_url = info.url
         self.transport = SQSTransport.reopen(
             info, endpoint_url=options.endpoint_url, region=options.region
         )
@@ -385,6 +391,11 @@ class _Driver:
         # so a slot is never adopted into a batch that a commit already took
         self._lock = threading.RLock()
         self._held: dict[int, list[Held]] = {}  # seq -> its messages, leases kept
+        # Slots an earlier driver left that this one has not planned: a committed batch's
+        # whose deletes were not seen answered, or one a late task attempt wrote after its
+        # batch committed (messages no batch returned). Not told apart, they are handed
+        # back at the commit, never deleted: what comes again is dropped by message_id.
+        self._left: dict[tuple[int, int], list[Held]] = {}
         self._seen: set[tuple[int, int]] = set()  # (seq, partition) slots handed to the keeper
         # slots planned whose slot is not seen yet -> until when to look for it often (a
         # task that never writes its slot, a query that failed, is looked for rarely then)
@@ -400,7 +411,7 @@ class _Driver:
         # What an earlier driver of this query left: the one listing of the log.
         with self._lock:
             for slot in self.wal.slots():
-                self._adopt(slot)
+                self._adopt(slot, left=True)
         self._watcher = threading.Thread(target=self._watch, name="spark-sink-wal", daemon=True)
         self._watcher.start()
 
@@ -413,6 +424,8 @@ class _Driver:
         with self._lock:
             for key in slots:
                 self._known.add(key)
+                if key in self._left:  # a batch replayed: its rows are returned again
+                    self._held.setdefault(key[0], []).extend(self._left.pop(key))
                 if key not in self._seen:
                     self._due[key] = until
         self._nudge.set()
@@ -451,38 +464,50 @@ class _Driver:
             for slot in found:
                 self._adopt(slot)
 
-    def _adopt(self, slot: Slot) -> None:
+    def _adopt(self, slot: Slot, left: bool = False) -> None:
         key = slot.key
         self._due.pop(key, None)
         self._known.add(key)
         if slot.seq <= self._committed or key in self._seen:
             return
         self._seen.add(key)
+        if slot.queue and slot.queue != self.queue_url:  # another query's: its task fails
+            log.error(
+                "a write-ahead log slot holds messages of another queue; its leases are "
+                "not kept here (give each query a walPath of its own)",
+                path=self.wal.where(*key),
+                queue=slot.queue,
+            )
+            return
         # Each lease from when its own receive began (a partition that received nothing
         # holds none). The keeper counts on its monotonic clock; the log on the wall's.
         offset = self.clock.monotonic() - self.clock.time()
         for began, envelopes in slot.leases():
             held = self.keeper.add(envelopes, began + offset, self.options.visibility_timeout)
-            self._held.setdefault(slot.seq, []).extend(held)
+            if left:
+                self._left.setdefault(key, []).extend(held)
+            else:
+                self._held.setdefault(slot.seq, []).extend(held)
 
     def commit_through(self, seq: int) -> None:
         """Delete every message of every batch up to ``seq``, then forget their log.
 
         The deletes go on after this returns, so the next batch is read meanwhile; their
         leases are kept until SQS answers, and the log stays until then (a driver
-        restarted before then deletes from it). ``settle()`` waits for them.
+        restarted before then hands them back from it). ``settle()`` waits for them.
         """
         with self._lock:
             if seq <= self._committed:
                 return
             self.adopt()  # a slot written since the last look is committed too
             batches = [self._held.pop(s) for s in list(self._held) if s <= seq]
+            returned = [h for key in list(self._left) if key[0] <= seq for h in self._left.pop(key)]
             self._due = {key: until for key, until in self._due.items() if key[0] > seq}
             slots = {key for key in self._known if key[0] <= seq}
             self._known -= slots
             self._committed = seq
             held = [h for batch in batches for h in batch]
-            self._last_commit = self._committer.submit(self._settle, seq, held, slots)
+            self._last_commit = self._committer.submit(self._settle, seq, held, slots, returned)
 
     def settle(self) -> None:
         """Wait until every commit so far has its deletes answered and its log gone."""
@@ -491,10 +516,25 @@ class _Driver:
         if last is not None:
             last.result()
 
-    def _settle(self, seq: int, held: list[Held], slots: set[tuple[int, int]]) -> None:
+    def _settle(
+        self,
+        seq: int,
+        held: list[Held],
+        slots: set[tuple[int, int]],
+        returned: list[Held] | None = None,
+    ) -> None:
+        if returned:
+            log.warning(
+                "messages an earlier driver left in the write-ahead log of a committed "
+                "batch are handed back; those a batch returned are dropped by message_id "
+                "when they come again",
+                count=len(returned),
+                batch_id=seq - 1,
+            )
         try:
-            unsent = self.keeper.delete_now(held, DELETE_TIMEOUT)
-        except Exception:  # the log stays: a restarted driver deletes from it
+            unsent = self.keeper.hand_back_now(returned or [], DELETE_TIMEOUT)
+            unsent += self.keeper.delete_now(held, DELETE_TIMEOUT)
+        except Exception:  # the log stays: a restarted driver hands them back
             log.exception("deleting committed messages failed", batch_id=seq - 1)
             return
         if unsent:
@@ -503,10 +543,10 @@ class _Driver:
                 count=unsent,
                 batch_id=seq - 1,
             )
-        # The log goes once SQS answered: a driver restarted before then deletes from it.
+        # The log goes once SQS answered: a driver restarted before then hands them back.
         try:
             self.wal.drop(slots)
-        except Exception:  # left behind: a restarted driver deletes again, and drops them
+        except Exception:  # left behind: a restarted driver hands back, and drops them
             log.exception("removing committed slots of the write-ahead log failed")
             return
         with self._lock:

@@ -25,6 +25,7 @@ and the batch's slots.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -56,13 +57,15 @@ class LogUnusable(ValueError):
 class Slot:
     """One partition of one batch: the messages it received, and when (epoch seconds):
     ``received_at`` its first receive that returned messages began, ``began`` (one for
-    each message, when given) the receive that returned that message."""
+    each message, when given) the receive that returned that message; ``queue`` the URL
+    of the queue they came from (empty in a slot written before it was recorded)."""
 
     seq: int
     partition: int
     received_at: float
     messages: tuple[Envelope, ...]
     began: tuple[float, ...] = ()
+    queue: str = ""
 
     def leases(self) -> list[tuple[float, list[Envelope]]]:
         """The messages grouped by when their receive began, each lease counted from it."""
@@ -81,6 +84,7 @@ class Slot:
             {
                 "seq": self.seq,
                 "partition": self.partition,
+                "queue": self.queue,
                 "received_at": self.received_at,
                 "began": list(self.began),
                 "messages": [
@@ -93,19 +97,47 @@ class Slot:
                     }
                     for e in self.messages
                 ],
-            }
+            },
+            default=_bytes_out,  # a Binary attribute's value
         )
 
     @classmethod
     def loads(cls, text: str | bytes) -> Slot:
-        raw: dict[str, Any] = json.loads(text)
+        raw: dict[str, Any] = json.loads(text, object_hook=_bytes_in)
         return cls(
             seq=int(raw["seq"]),
             partition=int(raw["partition"]),
             received_at=float(raw["received_at"]),
             messages=tuple(Envelope(**m) for m in raw["messages"]),
             began=tuple(float(b) for b in raw.get("began", ())),
+            queue=str(raw.get("queue", "")),
         )
+
+    def refuse_other_queue(self, queue: str, wal_path: str) -> None:
+        """Raise ``LogUnusable`` if this slot's messages came from another queue than
+        ``queue``: the log is another query's."""
+        if self.queue and self.queue != queue:
+            raise LogUnusable(
+                f"the sqs option 'walPath' ({wal_path}) holds the write-ahead log of queue "
+                f"{self.queue}, not of {queue}: give each query a walPath of its own, as "
+                f"each has a checkpoint of its own"
+            )
+
+
+BYTES = "__bytes__"  # in a slot, what stands for bytes: {"__bytes__": base64}
+
+
+def _bytes_out(value: object) -> dict[str, str]:
+    """Bytes (SQS gives a Binary attribute's value so) in JSON."""
+    if isinstance(value, bytes | bytearray):
+        return {BYTES: base64.b64encode(value).decode()}
+    raise TypeError(f"a slot cannot hold {type(value).__name__}")
+
+
+def _bytes_in(value: dict[str, Any]) -> Any:
+    if len(value) == 1 and isinstance(value.get(BYTES), str):
+        return base64.b64decode(value[BYTES])
+    return value
 
 
 def slot_name(seq: int, partition: int) -> str:
@@ -138,7 +170,8 @@ class WriteAheadLog(ABC):
 
     @abstractmethod
     def write(self, slot: Slot) -> Slot:
-        """Record ``slot`` unless its place is taken; returns the slot that is recorded."""
+        """Record ``slot`` unless its place is taken; returns the slot that is recorded
+        (``slot`` itself when it is the one recorded, even if found already there)."""
 
     def confirm(self, marker: str | None) -> None:  # noqa: B027 (most places need no check)
         """Raise ``LogUnusable`` if this process does not see the log the driver made."""
@@ -152,6 +185,19 @@ class WriteAheadLog(ABC):
     def prepare(self) -> str | None:
         """At the query's start: refuse a place that cannot work; the marker tasks check."""
         return None
+
+    def refuse_other_queue(self, queue: str) -> None:
+        """At the query's start: raise ``LogUnusable`` if a slot left in the log holds
+        messages of another queue (a listing, and one slot read)."""
+        for seq, partition in self.names():
+            slot = self._readable(seq, partition)
+            if slot is not None:
+                slot.refuse_other_queue(queue, self.place())
+                return
+
+    @abstractmethod
+    def place(self) -> str:
+        """The log's place, as ``walPath`` names it."""
 
     def find(self, keys: Iterable[tuple[int, int]]) -> list[Slot]:
         """Those of the slots named by ``keys`` that are written (read by name)."""
@@ -204,6 +250,9 @@ class LocalLog(WriteAheadLog):
     def path(self, seq: int, partition: int) -> Path:
         return self.root / slot_name(seq, partition)
 
+    def place(self) -> str:
+        return str(self.root)
+
     def where(self, seq: int, partition: int) -> str:
         return str(self.path(seq, partition))
 
@@ -223,8 +272,9 @@ class LocalLog(WriteAheadLog):
             os.fsync(out.fileno())
         try:
             os.link(aside, final)  # atomic, and refuses an existing name: one winner
-        except FileExistsError:
-            return Slot.loads(final.read_text())
+        except FileExistsError:  # on NFS, also a retried link whose answer was lost: ours
+            recorded = Slot.loads(final.read_text())
+            return slot if recorded == slot else recorded
         finally:
             aside.unlink()
         return slot
@@ -308,6 +358,9 @@ class S3Log(WriteAheadLog):
     def where(self, seq: int, partition: int) -> str:
         return f"s3://{self.bucket}/{self.key(seq, partition)}"
 
+    def place(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
     def read(self, seq: int, partition: int) -> Slot | None:
         from botocore.exceptions import ClientError
 
@@ -344,7 +397,9 @@ class S3Log(WriteAheadLog):
                     raise
             recorded = self.read(slot.seq, slot.partition)
             if recorded is not None:
-                return recorded
+                # Ours, when S3 stored our first try but its answer was lost (a 500, a
+                # timeout) and boto3 sent it again: not another attempt's win.
+                return slot if recorded == slot else recorded
         raise RuntimeError(f"writing {self.where(slot.seq, slot.partition)} kept conflicting")
 
     def names(self) -> list[tuple[int, int]]:
@@ -380,7 +435,7 @@ class S3Log(WriteAheadLog):
     def prepare(self) -> None:
         """Refuse a bucket that does not exist, cannot be written, or does not honour
         conditional writes (without them two attempts at a slot could both win)."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         where = f"s3://{self.bucket}/{self.prefix}"
         probe = (
@@ -400,6 +455,12 @@ class S3Log(WriteAheadLog):
                 f"the sqs option 'walPath' ({where}) cannot be used: S3 answered "
                 f"{_code(exc)} for bucket {self.bucket!r} (the driver and executors need "
                 f"s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket on it)"
+            ) from None
+        except NoCredentialsError:
+            raise LogUnusable(
+                f"the sqs option 'walPath' ({where}) cannot be used: no AWS credentials were "
+                f"found (the driver and every executor need them: environment, profile, "
+                f"instance or pod role)"
             ) from None
         except BotoCoreError as exc:
             raise LogUnusable(

@@ -226,6 +226,17 @@ class LeaseKeeper:
         """
         for h in held:
             self.succeed(h, urgent=True)
+        return self._answered_within(held, timeout)
+
+    def hand_back_now(self, held: Sequence[Held], timeout: float) -> int:
+        """``hand_back`` these, and wait until SQS answered for each, at most ``timeout``.
+
+        Returns how many returns are still unanswered (queued, being retried).
+        """
+        self.hand_back(held)
+        return self._answered_within(held, timeout)
+
+    def _answered_within(self, held: Sequence[Held], timeout: float) -> int:
         deadline = self.clock.monotonic() + timeout
         with self._wake:
             while self.clock.monotonic() < deadline and any(

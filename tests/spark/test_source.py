@@ -199,7 +199,8 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
     finally:
         driver.close()
         proxy.stop()
-    assert queue.counts().total == 0
+    # Handed back, not deleted: the slot may be a late attempt's (test_review_wal.py).
+    assert queue.counts().visible == 10
     assert slot_files(tmp_path / "wal") == []
 
 
