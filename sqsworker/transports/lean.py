@@ -43,7 +43,7 @@ from botocore.awsrequest import AWSPreparedRequest
 from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
 from botocore.parsers import create_parser
 
-from .. import __version__
+from ..version import __version__
 
 HOT_ACTIONS = frozenset(
     {"ReceiveMessage", "DeleteMessageBatch", "ChangeMessageVisibilityBatch", "SendMessageBatch"}
