@@ -8,9 +8,11 @@ count their room from it; the handler threads take from it; the shutdown drains 
 
 One lock guards the inbox and the receive side's counts (``Receiver`` shares it), so
 that room taken by an answered receive becomes room taken by its messages in one step.
-Two conditions on it: ``slots`` (room or state changed: the receive threads and the
-shutdown wait on it) and ``runnable`` (a message to run: the handler threads wait on
-it, so a message finishing wakes no idle handler thread).
+Three conditions on it: ``slots`` (room or state changed: the receive threads and the
+shutdown wait on it), ``runnable`` (a message to run: the handler threads wait on it,
+so a message finishing wakes no idle handler thread) and a batch handler's turn to fill
+its batch. Lock order: this lock before the lease keeper's, never the other way (the
+keeper calls ``changed`` outside its own lock).
 """
 
 from __future__ import annotations

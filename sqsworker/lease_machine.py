@@ -11,7 +11,7 @@ answers back, and hands the reports to the observer.
 Each held message is an ``Entry`` whose state changes only by the table in
 ``lease_state`` (an event it does not allow raises ``IllegalTransition``).
 
-Timing (unchanged from before the machine):
+Timing:
 - a lease of ``T`` seconds is renewed once half of it has passed; renewals due
   within the next quarter of ``T`` ride along in the same batch call;
 - no renewal asks past SQS's 12-hour cap, counted from the start of the receive;

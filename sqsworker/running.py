@@ -86,7 +86,8 @@ class Runner:
         return self.alive
 
     def close(self) -> None:
-        """At the shutdown's timeout, after the hand-back: nothing to do for threads."""
+        """The shutdown's step 5, after the hand-back: nothing to do for threads (they
+        cannot be stopped; their late outcomes are skipped)."""
 
     def finish(self, held: Held, took: float) -> None:
         """``held`` is through its handler (or handed back): it no longer counts."""
@@ -268,7 +269,9 @@ class Batches(Runner):
                 group = held.message.group_id
                 if group in cut:
                     if error is None:
-                        self.settler.complete_claim(held.message)  # done: its return dropped
+                        # The handler did it: its key is completed, so when it comes
+                        # back behind the failed one it is dropped as a duplicate.
+                        self.settler.complete_claim(held.message)
                     else:
                         self.settler.release_claim(held.message)
                     behind.append(held)
@@ -300,7 +303,8 @@ class Coroutines(Runner):
         self.loop.start()
 
     def close(self) -> None:
-        """At the shutdown's timeout: coroutines still running are cancelled."""
+        """The shutdown's step 5, after the hand-back: coroutines still running (past the
+        timeout) are cancelled, and the event loop stops."""
         self.loop.close()
 
     def alive_count(self) -> int:

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 class Outcome(enum.Enum):
     SUCCEEDED = "succeeded"  # the handler returned
     DUPLICATE = "duplicate"  # its idempotency key was done before
-    RETRY = "retry"  # the handler raised Retry, or a step it needs was unavailable
-    FAILED = "failed"  # the handler raised
+    RETRY = "retry"  # the handler raised Retry
+    FAILED = "failed"  # the handler raised, or a step it needs (store, S3) was unavailable
     REJECTED = "rejected"  # it must not run again: Reject, --non-retryable, a conflict
     COPY_FAILED = "copy failed"  # rejected, and its dead-letter copy could not be sent
     COPY_REFUSED = "copy refused"  # rejected, and SQS refuses any copy of it
@@ -236,7 +236,9 @@ class Settler:
 
     def busy(self, held: Held, retry_in: float) -> None:
         """Its key is in progress elsewhere and it may not be held (a FIFO batch: held, it
-        could be taken to run beside its group's earlier messages)."""
+        could be taken to run beside its group's earlier messages): returned to the queue
+        for ``retry_in``, reported as deferred (its metric and log line are the held
+        duplicates')."""
         self._carry_out(held, self._decision(Outcome.BUSY, held, retry_in))
         self.traced(held.message, "deferred", retry_in=retry_in)
         self.observer.duplicate_deferred(held.message, retry_in)
