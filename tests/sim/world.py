@@ -972,7 +972,10 @@ class World:
                 self.violation(f"worker {index} lost a handler thread: {health.as_dict()}")
             active = worker.inbox.unfinished - len(worker.inbox.deferred)  # every thread is parked
             if active >= worker.slots:
-                self.free_since[index] = now
+                # Full now: free from the next step that finds it so. (Not "free since
+                # it was last seen full": the clock may jump far between two steps, and
+                # a slot freed just now is not a slot free all that time.)
+                self.free_since.pop(index, None)
                 continue
             since = self.free_since.setdefault(index, now)
             if now - oldest > limit and now - since > limit:
