@@ -90,9 +90,9 @@ def memory(clock: FakeClock) -> MemorySQS:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On several worker processes (`make test` runs pytest-xdist with --dist loadgroup),
-    the Spark tests stay together on one: each worker would otherwise start its own
-    SparkSession and standalone cluster for the session."""
+    """On several worker processes (pytest-xdist's `-n N --dist loadgroup`), the Spark
+    tests stay together on one: each worker would otherwise start its own SparkSession
+    and standalone cluster for the session."""
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
             if item.nodeid.startswith("tests/spark/"):
