@@ -17,6 +17,11 @@ from sqsworker.transports.memory import MemorySQS
 from .postgres import PostgresServer
 
 DEFAULT_METRICS_PORT = 9000  # --metrics-port's default
+# The user property of a fault-injection scenario's line for the closing summary
+# (tests/faults/conftest.py): a test's properties travel with its report, so the lines
+# reach the summary from a worker process too when pytest-xdist runs the suite.
+FAULT_REPORT = "fault injection"
+FAULT_REPORTS: list[str] = []
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
@@ -82,6 +87,28 @@ def clock() -> FakeClock:
 @pytest.fixture
 def memory(clock: FakeClock) -> MemorySQS:
     return MemorySQS(clock)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On several worker processes (pytest-xdist's `-n N --dist loadgroup`), the Spark
+    tests stay together on one: each worker would otherwise start its own SparkSession
+    and standalone cluster for the session."""
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            if item.nodeid.startswith("tests/spark/"):
+                item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        FAULT_REPORTS.extend(str(v) for name, v in report.user_properties if name == FAULT_REPORT)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FAULT_REPORTS:
+        terminalreporter.section("fault injection: what each scenario did")
+        for line in FAULT_REPORTS:
+            terminalreporter.write_line(line)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -24,7 +24,7 @@ import yaml
 
 from ..conftest import wait_until
 from ..faults.proxy import FaultProxy
-from ..integration.conftest import local
+from ..integration.conftest import fresh_sqs
 from .kubelet import ROOT, Pod, PodSpec, image, pod_spec, rolling_update, scaled
 from .test_chart import CHART, helm
 
@@ -93,7 +93,8 @@ class Deliveries:
 
 @dataclass
 class Cluster:
-    """moto's server in its own process, the recording proxy before it, and a folder."""
+    """moto's server in a process of its own (``fresh_sqs``: holding only this test's
+    queues), the recording proxy before it, and a folder."""
 
     endpoint: str
     exports: dict[str, str]
@@ -180,7 +181,7 @@ def free_port() -> int:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with local("--queue", "orders") as exports:
+    with fresh_sqs("orders") as exports:
         deliveries = Deliveries()
         proxy = FaultProxy(exports["AWS_ENDPOINT_URL_SQS"], watch=deliveries).start()
         try:

@@ -33,16 +33,26 @@ SQSWORKER = str(Path(sys.executable).parent / "sqsworker")
 
 @pytest.fixture
 def url(postgres: PostgresServer) -> Iterator[str]:
-    """A store of its own, its table created; and a `payments` table for the handler."""
+    """A store of its own, its table created as `sqsworker create-store` does (in this
+    process: the command itself is tested once, below); and a `payments` table for the
+    handler."""
     table = unique("keys").replace("-", "_")
-    created = subprocess.run(
-        [SQSWORKER, "create-store", postgres.url_for(table)], capture_output=True, text=True
-    )
-    assert created.returncode == 0, created.stderr
-    assert "is ready" in created.stdout and PASSWORD not in created.stdout
+    open_store(postgres.url_for(table), create=True).close()
     postgres.sql("DROP TABLE IF EXISTS payments")
     postgres.sql("CREATE TABLE payments (body text)")
     yield postgres.url_for(table)
+
+
+def test_create_store_makes_a_table_the_store_opens_and_never_shows_the_password(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.url_for(unique("keys").replace("-", "_"))
+    with pytest.raises(StartupError, match="create it once"):
+        open_store(url)
+    created = subprocess.run([SQSWORKER, "create-store", url], capture_output=True, text=True)
+    assert created.returncode == 0, created.stderr
+    assert "is ready" in created.stdout and PASSWORD not in created.stdout
+    open_store(url).close()  # the table is there, with the key and the index it checks
 
 
 def payments(postgres: PostgresServer) -> list[str]:

@@ -9,16 +9,16 @@ import pytest
 
 from sqsworker.local import LocalSQS
 
+from ..conftest import FAULT_REPORT
 from ..integration.conftest import local_env as local_env
 from ..integration.scenario import Scenario
 
-REPORTS: list[str] = []
-
 
 @pytest.fixture
-def report() -> Callable[[str], None]:
-    """Record one line about the scenario's outcome for the run's closing summary."""
-    return REPORTS.append
+def report(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Record one line about the scenario's outcome for the run's closing summary
+    (tests/conftest.py prints it)."""
+    return lambda line: request.node.user_properties.append((FAULT_REPORT, line))
 
 
 @pytest.fixture
@@ -31,13 +31,6 @@ def scenario(local_env: LocalSQS, tmp_path: Path) -> Iterator[Scenario]:
     made = Scenario(local_env, tmp_path, visibility=5, max_receive_count=10)
     yield made
     made.close()
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if REPORTS:
-        terminalreporter.section("fault injection: what each scenario did")
-        for line in REPORTS:
-            terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from ..conftest import wait_until
 from ..snippets import ROOT, snippet
-from .conftest import BIN, local
+from .conftest import BIN, fresh_sqs, local
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def test_the_readme_walkthrough_runs_as_written() -> None:
 
 def test_the_send_examples_of_operating_queues_run_as_written(tmp_path: Path) -> None:
     block = snippet("docs/operating.md", "sqsworker send orders").text
-    with local("--queue", "orders", "--queue", "payments.fifo") as exports:
+    with fresh_sqs("orders", "payments.fifo") as exports:
         env = {**os.environ, **exports, "PATH": f"{BIN}:{os.environ['PATH']}"}
         run = functools.partial(
             subprocess.run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
@@ -76,7 +76,7 @@ def test_the_readme_idempotency_example_runs_each_payment_once(tmp_path: Path) -
     handler = snippet("README.md", "def charge(").text
     command = snippet("README.md", "sqsworker run app:charge").text.split("#")[0]
     (tmp_path / "app.py").write_text(handler)
-    with local("--queue", "payments") as exports:
+    with fresh_sqs("payments") as exports:
         env = {**os.environ, **exports, "PATH": f"{BIN}:{os.environ['PATH']}"}
         env["PYTHONPATH"] = str(tmp_path)
         send = [str(BIN / "sqsworker"), "send", "payments", '{"payment": {"id": "p-1"}}']

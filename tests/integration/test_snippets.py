@@ -2,9 +2,10 @@
 written, or is checked the way it can be (an output shown, a file shown, a query), or
 says in the Markdown why it is not run (tests/snippets.py collects them all).
 
-The handlers run for real: each in a folder of its own as app.py, with `sqsworker
-local` in a process of its own (the blocks name fixed queues such as "orders"), and
-the documented `sqsworker run` line as written, in a shell like the reader's.
+The handlers run for real: each in a folder of its own as app.py, on an endpoint that
+holds nothing but the queues `sqsworker local --queue` would make (the blocks name fixed
+queues such as "orders"; ``fresh_sqs``), and the documented `sqsworker run` line as
+written, in a shell like the reader's.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sqsworker.local import CREDENTIALS
 
 from ..conftest import wait_until
 from ..snippets import ROOT, Block, blocks, parse, snippet, stray_markers
-from .conftest import BIN, local
+from .conftest import BIN, fresh_sqs
 
 pytestmark = pytest.mark.integration
 
@@ -317,7 +318,7 @@ def test_the_first_handler_runs_with_each_command(tmp_path: Path) -> None:
     (tmp_path / "app.py").write_text(snippet("README.md", "# app.py\nimport").text)
     lines = snippet("README.md", "sqsworker run app:process --burst").text.splitlines()
     assert len(lines) == 3
-    with local("--queue", "orders") as exports:
+    with fresh_sqs("orders") as exports:
         env = shell_env(exports)
         for number, line in enumerate(lines, 1):
             send(env, "orders", json.dumps({"id": number}))
@@ -337,7 +338,7 @@ def test_two_handlers_run_in_one_process_with_each_command(tmp_path: Path) -> No
     (tmp_path / "app.py").write_text(snippet("README.md", "# app.py: two handlers").text)
     lines = snippet("README.md", "sqsworker run app:orders app:emails").text.splitlines()
     assert len(lines) == 3
-    with local("--queue", "orders", "--queue", "emails") as exports:
+    with fresh_sqs("orders", "emails") as exports:
         env = shell_env(exports)
         for number, line in enumerate(lines, 1):
             send(env, "orders", json.dumps({"id": number}))
@@ -356,7 +357,7 @@ def test_the_async_handler_runs_as_written(tmp_path: Path) -> None:
     the event loop, and the documented line drains the queue and exits 0."""
     (tmp_path / "app.py").write_text(snippet("docs/handlers.md", "async def thumbnail(").text)
     (line,) = snippet("docs/handlers.md", "sqsworker run app:thumbnail").text.splitlines()
-    with local("--queue", "thumbnails") as exports:
+    with fresh_sqs("thumbnails") as exports:
         env = shell_env(exports)
         send_all_of(env, "thumbnails", [json.dumps({"image": f"img-{n}.png"}) for n in range(100)])
         ran = run_worker(line, env, tmp_path, "thumbnails")
@@ -373,7 +374,7 @@ def test_the_batch_handler_runs_as_written(tmp_path: Path) -> None:
     to 50, and the two that are not events go to the dead-letter queue, the rest deleted."""
     (tmp_path / "app.py").write_text(snippet("docs/handlers.md", "def ingest(").text)
     (line,) = snippet("docs/handlers.md", "sqsworker run app:ingest").text.splitlines()
-    with local("--queue", "events") as exports:
+    with fresh_sqs("events") as exports:
         env = shell_env(exports)
         bodies = [json.dumps({"id": f"e{n}", "kind": "click"}) for n in range(118)]
         send_all_of(env, "events", [*bodies, "not json", json.dumps({"id": "e-no-kind"})])
@@ -391,7 +392,7 @@ def test_the_decorated_lambda_handler_runs_as_written(tmp_path: Path) -> None:
     """docs/lambda.md: the decorated Lambda handler as written is given Lambda's event,
     a batch at a time, and prints each record."""
     (tmp_path / "app.py").write_text(snippet("docs/lambda.md", "@sqsworker.lambda_handler(").text)
-    with local("--queue", "orders") as exports:
+    with fresh_sqs("orders") as exports:
         env = shell_env(exports)
         ids = [send(env, "orders", json.dumps({"id": n})) for n in range(12)]
         with subprocess.Popen(
@@ -414,7 +415,7 @@ def test_a_handlers_log_line_is_the_one_the_page_shows(tmp_path: Path) -> None:
     with the message's own fields (only the id and the time differ)."""
     (tmp_path / "app.py").write_text(snippet("docs/observability.md", "def process(").text)
     shown = json.loads(snippet("docs/observability.md", '"event": "charging the card"').text)
-    with local("--queue", "orders") as exports:
+    with fresh_sqs("orders") as exports:
         env = shell_env(exports)
         message_id = send(env, "orders", '{"id": 1}')
         # The page gives no command for this handler: the README's `--burst` line.
@@ -435,7 +436,7 @@ def test_a_key_from_the_body_suppresses_the_second_payment(tmp_path: Path) -> No
     deleted unrun."""
     (tmp_path / "app.py").write_text(snippet("docs/idempotency.md", "idempotency_key=lambda").text)
     command = snippet("docs/idempotency.md", "sqsworker run app:charge").text
-    with local("--queue", "payments") as exports:
+    with fresh_sqs("payments") as exports:
         env = shell_env(exports)
         summaries = []
         # One copy per run: a copy received beside its original would wait for the
@@ -459,7 +460,7 @@ def test_the_transactional_handler_writes_each_payment_once(tmp_path: Path) -> N
     # that a second run of the effect would show as a second row.
     with closing(sqlite3.connect(tmp_path / "payments.db")) as db:
         db.execute("CREATE TABLE ledger (payment_id TEXT, amount INTEGER)")
-    with local("--queue", "payments") as exports:
+    with fresh_sqs("payments") as exports:
         env = shell_env(exports)
         for _ in range(2):  # one copy per run, as above
             send(env, "payments", '{"id": "p-1", "amount": 1250}', key="p-1")
@@ -474,7 +475,7 @@ def test_create_store_makes_the_table_the_page_describes() -> None:
     """docs/idempotency.md: `create-store` as written, against moto's server, which
     serves DynamoDB too; the table is the one the page describes."""
     command = snippet("docs/idempotency.md", "sqsworker create-store").text
-    with local("--queue", "orders") as exports:  # a queue for `local` to report; none needed
+    with fresh_sqs() as exports:  # no queue needed
         env = shell_env(exports)
         done = subprocess.run(
             ["bash", "-e", "-c", command], env=env, capture_output=True, text=True, timeout=60
@@ -506,7 +507,7 @@ def test_a_bad_value_is_refused_with_the_sentence_the_page_shows() -> None:
 def test_the_queues_table_is_the_one_the_page_shows() -> None:
     """docs/operating.md shows `sqsworker queues` on a fresh `orders` holding 3 messages."""
     shown = snippet("docs/operating.md", "queue       visible  flight").text
-    with local("--queue", "orders") as exports:
+    with fresh_sqs("orders") as exports:
         env = shell_env(exports)
         for number in range(3):
             send(env, "orders", json.dumps({"id": number}))
@@ -520,7 +521,7 @@ def test_the_queues_table_is_the_one_the_page_shows() -> None:
 def test_the_readme_producer_sends_as_written(tmp_path: Path) -> None:
     """README.md: the Producer block, run as a script, sends 100 orders in 11 requests."""
     (tmp_path / "send.py").write_text(snippet("README.md", "orders = sqsworker.Producer(").text)
-    with local("--queue", "orders") as exports:
+    with fresh_sqs("orders") as exports:
         env = shell_env(exports)
         ran = subprocess.run(
             [str(BIN / "python"), "send.py"],
@@ -539,7 +540,7 @@ def test_the_queue_create_examples_run_as_written() -> None:
     """docs/operating.md's `sqsworker queues create` lines, as written, on a fresh
     endpoint: each queue has the attributes the page says."""
     block = snippet("docs/operating.md", "sqsworker queues create orders").text
-    with local("--queue", "unrelated") as exports:
+    with fresh_sqs() as exports:
         env = shell_env(exports)
         done = subprocess.run(
             ["bash", "-e", "-c", block], env=env, capture_output=True, text=True, timeout=60
