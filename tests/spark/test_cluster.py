@@ -110,11 +110,12 @@ def executor_killed(
     refused = {"queue": other.info.url, "wal": "orders/wal"}
     with start(cluster, moto, queue, wal, folder, refused=refused) as driver:
         wait_until(driver.first_batch_done, timeout=180, what="a first batch")
-        victims = cluster.executors()
-        mid_query = bool(victims) and queue.counts().total > 0
-        os.kill(victims[0], signal.SIGKILL)  # the JVM gets no chance to clean up
+        victims = cluster.executors()[:1]
+        mid_query = queue.counts().total > 0
+        for victim in victims:
+            os.kill(victim, signal.SIGKILL)  # the JVM gets no chance to clean up
         code = driver.wait(240)
-    return Run(queue, sent, bucket, folder, code, driver.output(), mid_query, victims[:1], other)
+    return Run(queue, sent, bucket, folder, code, driver.output(), mid_query, victims, other)
 
 
 @pytest.fixture(scope="module")
