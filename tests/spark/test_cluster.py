@@ -33,7 +33,7 @@ from .cluster import Driver, StandaloneCluster
 from .conftest import make_queue, s3_bucket, s3_keys
 
 # A module fixture's query runs in the setup of its first test: a whole scenario's time.
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 MESSAGES = 3000
 # Short leases, so that messages a killed executor had received come back soon.
@@ -109,12 +109,12 @@ def executor_killed(
     wal = f"s3://{bucket}/orders/wal"
     refused = {"queue": other.info.url, "wal": "orders/wal"}
     with start(cluster, moto, queue, wal, folder, refused=refused) as driver:
-        wait_until(driver.first_batch_done, timeout=180, what="a first batch")
+        wait_until(driver.first_batch_done, timeout=300, what="a first batch")
         victims = cluster.executors()[:1]
         mid_query = queue.counts().total > 0
         for victim in victims:
             os.kill(victim, signal.SIGKILL)  # the JVM gets no chance to clean up
-        code = driver.wait(240)
+        code = driver.wait(300)
     return Run(queue, sent, bucket, folder, code, driver.output(), mid_query, victims, other)
 
 
@@ -129,11 +129,11 @@ def driver_killed(
     bucket = s3_bucket()
     wal = f"s3://{bucket}/orders/wal"
     with start(cluster, moto, queue, wal, folder) as first:
-        wait_until(first.first_batch_done, timeout=180, what="a first batch")
+        wait_until(first.first_batch_done, timeout=300, what="a first batch")
         first.kill()
     mid_query = queue.counts().total > 0
     with start(cluster, moto, queue, wal, folder) as second:
-        code = second.wait(240)
+        code = second.wait(300)
     return Run(queue, sent, bucket, folder, code, second.output(), mid_query, [first.process.pid])
 
 
