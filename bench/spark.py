@@ -1,7 +1,11 @@
 """The sqs source's micro-batch throughput, requests per message, and CPU per message.
 
     .venv/bin/python -m bench.spark [--messages 2000] [--latency 0.02 0.1] [--rounds 2]
-                                    [--wal s3|local]
+                                    [--wal s3|local] [--in-flight 1 8]
+
+``--in-flight`` with several values alternates the runs over them too, so that
+receivesInFlight 1 (one receive at a time, as before it existed) and the default
+are measured side by side in one run, on the same machine load.
 
 moto's server runs in a process of its own (``--serve``), so its CPU is not counted
 as the source's; ``--latency`` seconds are added there to each SQS request (real SQS
@@ -46,6 +50,7 @@ class SourceRun:
     # offset and commit logs, planning), and the query's "start" before its first
     phases: dict[str, float]
     latency: float = 0.0
+    in_flight: int | None = None  # receivesInFlight; None: the source's default
     cpu: dict[str, float] = field(default_factory=dict)  # seconds, by process kind
 
     @property
@@ -164,6 +169,8 @@ def cpu_by_kind(root: int, skip: int) -> dict[str, float]:
         ticks = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
         if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
             kind = "executors"
+        elif "python_streaming_source_runner" in cmdline:
+            kind = "driver py"  # the source's Python on the driver: counted in "driver" too
         else:
             kind = "driver"
         stats[pid] = (kind, ticks / TICKS)
@@ -174,6 +181,7 @@ def cpu_by_kind(root: int, skip: int) -> dict[str, float]:
             ancestor = parents.get(ancestor, 0)
         if ancestor == root and pid != skip:
             totals[kind] += seconds
+    totals["driver"] += totals["driver py"]
     return dict(totals)
 
 
@@ -210,10 +218,10 @@ def source_throughput(
     per_batch: int = 200,
     latencies: list[float] | None = None,
     wal: str = "local",
-    in_flight: int | None = None,
+    in_flight: list[int | None] | None = None,
 ) -> list[SourceRun]:
-    """Drain ``messages`` with numPartitions 1 and 2, alternating, ``rounds`` times each
-    at each latency, at most ``per_batch`` a micro-batch."""
+    """Drain ``messages`` with numPartitions 1 and 2 (and each ``in_flight``), alternating,
+    ``rounds`` times each at each latency, at most ``per_batch`` a micro-batch."""
     import boto3
 
     from sqsworker.transports import send_all
@@ -230,8 +238,10 @@ def source_throughput(
             index = 0
             for seconds in latencies or [latency]:
                 server.latency(seconds)
-                for _ in range(rounds * 2):
+                flights = in_flight or [None]
+                for _ in range(rounds * 2 * len(flights)):
                     partitions = 1 + index % 2
+                    flight = flights[index // 2 % len(flights)]
                     name = f"bench-spark-{index}"
                     index += 1
                     url = sqs.create_queue(QueueName=name)["QueueUrl"]
@@ -252,7 +262,7 @@ def source_throughput(
                         .option("numPartitions", str(partitions))
                         .option("maxMessagesPerBatch", str(per_batch))
                         .option("waitTimeSeconds", "0")
-                        .options(**({"receivesInFlight": str(in_flight)} if in_flight else {}))
+                        .options(**({"receivesInFlight": str(flight)} if flight else {}))
                         .load()
                         .writeStream.format("noop")
                         .option("checkpointLocation", f"{tmp}/{name}/checkpoint")
@@ -268,6 +278,7 @@ def source_throughput(
                     server.latency(seconds)
                     queue.close()
                     runs.append(_run(query, partitions, seconds, seconds_taken, counts))
+                    runs[-1].in_flight = flight
                     runs[-1].cpu = {
                         k: cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0) for k in cpu_after
                     }
@@ -305,43 +316,58 @@ def _run(
 
 def print_runs(runs: list[SourceRun]) -> None:
     print(
-        f"  {'ms':>4}{'parts':>6}{'msg/s':>8}{'running':>9}{'batches':>8}{'SQS/msg':>8}"
-        f"{'S3/msg':>8}{'drv cpu':>8}{'exe cpu':>8}{'start s':>8}{'commit+look':>12}"
-        f"{'read+sink':>10}  requests"
+        f"  {'ms':>4}{'parts':>6}{'flight':>7}{'msg/s':>8}{'running':>9}{'batches':>8}"
+        f"{'SQS/msg':>8}{'S3/msg':>8}{'drv cpu':>8}{'exe cpu':>8}{'drv py':>7}{'start s':>8}"
+        f"{'commit+look':>12}{'read+sink':>10}  requests"
     )
     for run in runs:
         requests = ", ".join(f"{k} {v}" for k, v in sorted(run.requests.items()))
         print(
-            f"  {run.latency * 1000:>4.0f}{run.partitions:>6}{run.rate:>8.1f}"
-            f"{run.running_rate:>9.1f}{run.batches:>8}{run.requests_per_message:>8.3f}"
-            f"{run.s3_requests / run.messages:>8.4f}{run.cpu_per_1000('driver'):>8.2f}"
-            f"{run.cpu_per_1000('executors'):>8.2f}{run.phases['start']:>8.2f}"
+            f"  {run.latency * 1000:>4.0f}{run.partitions:>6}{_flight(run.in_flight):>7}"
+            f"{run.rate:>8.1f}{run.running_rate:>9.1f}{run.batches:>8}"
+            f"{run.requests_per_message:>8.3f}{run.s3_requests / run.messages:>8.4f}"
+            f"{run.cpu_per_1000('driver'):>8.2f}{run.cpu_per_1000('executors'):>8.2f}"
+            f"{run.cpu_per_1000('driver py'):>7.2f}{run.phases['start']:>8.2f}"
             f"{run.phases['latestOffset']:>12.2f}{run.phases['addBatch']:>10.2f}  {requests}"
         )
+    flights = list(dict.fromkeys(r.in_flight for r in runs))
     for latency in sorted({r.latency for r in runs}):
-        means = {}
         at = [r for r in runs if r.latency == latency]
-        for partitions in (1, 2):
-            # The first run warms the session up: it is left out of the mean.
-            counted = [r for r in at[2:] if r.partitions == partitions] or [
-                r for r in at if r.partitions == partitions
-            ]
-            if not counted:
-                continue
-            means[partitions] = (
-                sum(r.rate for r in counted) / len(counted),
-                sum(r.running_rate for r in counted) / len(counted),
-            )
-            whole, running = means[partitions]
-            print(
-                f"  {latency * 1000:.0f} ms, numPartitions {partitions}: {whole:.1f} msg/s, "
-                f"{running:.1f} once running (mean)"
-            )
-        if 1 in means and 2 in means:
-            print(
-                f"  {latency * 1000:.0f} ms, 2 partitions / 1: {means[2][0] / means[1][0]:.2f}x, "
-                f"{means[2][1] / means[1][1]:.2f}x once running"
-            )
+        warm = at[2 * len(flights) :]  # the first of each kind warms the session up
+        means: dict[tuple[int | None, int], tuple[float, float]] = {}
+        for flight in flights:
+            for partitions in (1, 2):
+                kind = [r for r in at if r.in_flight == flight and r.partitions == partitions]
+                counted = [r for r in kind if r in warm] or kind
+                if not counted:
+                    continue
+                means[flight, partitions] = (
+                    sum(r.rate for r in counted) / len(counted),
+                    sum(r.running_rate for r in counted) / len(counted),
+                )
+                whole, running = means[flight, partitions]
+                print(
+                    f"  {latency * 1000:.0f} ms, numPartitions {partitions}, receivesInFlight "
+                    f"{_flight(flight)}: {whole:.1f} msg/s, {running:.1f} once running (mean)"
+                )
+            if (flight, 1) in means and (flight, 2) in means:
+                one, two = means[flight, 1], means[flight, 2]
+                print(
+                    f"  {latency * 1000:.0f} ms, receivesInFlight {_flight(flight)}, 2 partitions"
+                    f" / 1: {two[0] / one[0]:.2f}x, {two[1] / one[1]:.2f}x once running"
+                )
+        for flight in flights[1:]:
+            if (flight, 1) in means and (flights[0], 1) in means:
+                this, first = means[flight, 1], means[flights[0], 1]
+                print(
+                    f"  {latency * 1000:.0f} ms, 1 partition, receivesInFlight {_flight(flight)}"
+                    f" / {_flight(flights[0])}: {this[0] / first[0]:.2f}x, "
+                    f"{this[1] / first[1]:.2f}x once running"
+                )
+
+
+def _flight(in_flight: int | None) -> str:
+    return "dflt" if in_flight is None else str(in_flight)
 
 
 def main() -> None:
@@ -354,7 +380,12 @@ def main() -> None:
     )
     parser.add_argument("--per-batch", type=int, default=1000, help="maxMessagesPerBatch")
     parser.add_argument("--wal", choices=["s3", "local"], default="s3", help="where the log goes")
-    parser.add_argument("--in-flight", type=int, help="receivesInFlight (default: the source's)")
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        nargs="+",
+        help="receivesInFlight, runs alternating over several (default: the source's)",
+    )
     args = parser.parse_args()
     if args.serve:
         serve()
@@ -372,7 +403,8 @@ def main() -> None:
         f"local[2], {args.messages} msgs, maxMessagesPerBatch {args.per_batch}, log on "
         f"{args.wal}, receivesInFlight {args.in_flight or 'default'}, runs alternating; "
         "msg/s counts the query's start, running from its first "
-        "trigger; CPU seconds per 1,000 messages):"
+        "trigger; CPU seconds per 1,000 messages, drv py the source's Python on the driver, "
+        "part of drv cpu):"
     )
     print_runs(runs)
 

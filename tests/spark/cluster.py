@@ -193,9 +193,26 @@ class Driver:
         finally:
             self._out.close()
 
+    def first_batch_done(self) -> bool:
+        """Whether a batch with rows is done; raises if the driver ended before one was."""
+        if self.batches_done() >= 1:
+            return True
+        if self.process.poll() is not None:
+            raise AssertionError(f"the driver ended before a batch: {self.output()[-3000:]}")
+        return False
+
     def kill(self) -> None:
         """SIGKILL the driver and every process it started (its JVM, its Python workers)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        self._out.close()
+
+    def __enter__(self) -> Driver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """A driver a failed test left running is killed."""
+        if self.process.poll() is None:
+            self.kill()
         self._out.close()

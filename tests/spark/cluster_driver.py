@@ -7,6 +7,11 @@ moto's endpoints) is passed on to the executors through ``spark.executorEnv.*``.
 prints ``BATCH DONE <id> <rows>`` after each batch with rows, and exits 0 once the
 queue holds no message (every one deleted, so every batch committed), or with the
 query's error.
+
+With ``"refused": {"queue": ..., "wal": ...}`` it first starts the same pipeline on
+that queue and log in this session, which must be refused at start: it prints
+``REFUSED <the error>`` (or ``NOT REFUSED``) before the pipeline proper starts, so
+one session on the cluster serves both.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import threading
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from spark_sink import SQSDataSource
 from sqsworker.transports.sqs import SQSTransport
@@ -51,11 +57,10 @@ def session(master: str) -> SparkSession:
     return spark
 
 
-def main(config: dict[str, Any]) -> None:
-    spark = session(config["master"])
-    # The documented pipeline (docs/spark.md): a redelivered message has the same
-    # message_id, dropped within the watermark on received_at; Spark's file sink
-    # writes each batch once.
+def pipeline(spark: SparkSession, config: dict[str, Any]) -> StreamingQuery:
+    """The documented pipeline (docs/spark.md): a redelivered message has the same
+    message_id, dropped within the watermark on received_at; Spark's file sink writes
+    each batch once."""
     orders = (
         spark.readStream.format("sqs")
         .option("queue", config["queue"])
@@ -63,7 +68,7 @@ def main(config: dict[str, Any]) -> None:
         .options(**config.get("options", {}))
         .load()
     )
-    query = (
+    return (
         orders.withWatermark("received_at", "10 minutes")
         .dropDuplicatesWithinWatermark(["message_id"])
         .writeStream.format("parquet")
@@ -72,6 +77,35 @@ def main(config: dict[str, Any]) -> None:
         .trigger(processingTime="0 seconds")
         .start()
     )
+
+
+def refused(spark: SparkSession, config: dict[str, Any]) -> None:
+    """Start the pipeline (a checkpoint and output of its own); say whether it was
+    refused at start."""
+    error: BaseException | None
+    try:
+        query = pipeline(spark, config)
+        query.awaitTermination(120)  # a refusal ends the query with its error
+        error = query.exception()
+        query.stop()
+    except Exception as exc:  # refused before the query started
+        error = exc
+    print(f"REFUSED {error}" if error is not None else "NOT REFUSED", flush=True)
+
+
+def main(config: dict[str, Any]) -> None:
+    spark = session(config["master"])
+    if "refused" in config:
+        refused(
+            spark,
+            {
+                **config,
+                **config["refused"],
+                "checkpoint": config["checkpoint"] + "-refused",
+                "output": config["output"] + "-refused",
+            },
+        )
+    query = pipeline(spark, config)
     queue = SQSTransport.connect(config["queue"])
     done = threading.Event()
     reported: set[int] = set()
