@@ -1,0 +1,91 @@
+"""A review of the lean client (transports/lean.py): what it must do exactly as botocore
+does, tried where the two could part."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from threading import Thread
+
+import pytest
+from botocore.exceptions import ClientError
+
+from sqsworker.local import LocalSQS
+from sqsworker.transports import QueueInfo
+from sqsworker.transports.sqs import SQSTransport
+
+from ..conftest import unique
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_modeled_error_is_raised_as_botocores_own_class(
+    local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQS names its errors twice (the JSON ``__type`` and the query-era code in
+    ``x-amzn-query-error``); botocore picks the exception class by the first, so a gone
+    queue is ``QueueDoesNotExist``, not a bare ``ClientError``, on both clients."""
+    for key, value in local_sqs.env().items():
+        monkeypatch.setenv(key, value)
+    queue = unique("review-class")
+    local_sqs.create_queue(queue, max_receive_count=None)
+    transport = SQSTransport.connect(queue, endpoint_url=local_sqs.endpoint_url)
+    assert transport.lean is not None and transport.lean.ready
+    transport.request("DeleteQueue", QueueUrl=transport.info.url)
+    params = {"QueueUrl": transport.info.url, "MaxNumberOfMessages": 1}
+    raised: dict[str, type[Exception]] = {}
+    for client, call in (
+        ("boto3", lambda: transport.client.receive_message(**params)),
+        ("lean", lambda: transport.lean.call("ReceiveMessage", params)),  # type: ignore[union-attr]
+    ):
+        with pytest.raises(ClientError) as caught:
+            call()
+        raised[client] = type(caught.value)
+    assert raised["lean"] is raised["boto3"] is transport.client.exceptions.QueueDoesNotExist
+
+
+_ANSWER = b'{"Messages":[{"MessageId":"m1","ReceiptHandle":"h1","Body":"a\\ud800b"}]}'
+
+
+class _Endpoint(BaseHTTPRequestHandler):
+    """An SQS endpoint whose answer holds a lone surrogate (JSON allows the escape; Python's
+    json reads it, as botocore does)."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-amz-json-1.0")
+        self.send_header("Content-Length", str(len(_ANSWER)))
+        self.end_headers()
+        self.wfile.write(_ANSWER)
+
+
+@pytest.fixture
+def endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
+    thread = Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_an_answer_python_json_reads_is_read_alike_by_both_clients(endpoint: str) -> None:
+    """orjson refuses a lone surrogate that Python's json (botocore's) reads: a receive
+    whose answer holds one must not be called a garbled answer (a retryable fault that
+    leaves the batch's messages in flight, received again and refused again until the
+    dead-letter queue takes all ten)."""
+    info = QueueInfo(url=f"{endpoint}/000000000000/q", name="q", arn="")
+    transport = SQSTransport.reopen(info, endpoint_url=endpoint)
+    assert transport.lean is not None
+    plain = [m.body for m in transport.receive(10, 0, 30)]  # botocore's; the lean one learns
+    assert transport.lean.ready
+    lean = [m.body for m in transport.receive(10, 0, 30)]
+    assert lean == plain == ["a\ud800b"]
