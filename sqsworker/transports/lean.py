@@ -188,11 +188,12 @@ class LeanSQS:
         try:
             result: dict[str, Any] = orjson.loads(content) if content else {}
         except orjson.JSONDecodeError:
-            # botocore would read this as an empty answer (no messages, no entries
-            # settled); a garbled answer is a fault of the way there instead (as a reset
-            # would be: translate() makes it a retryable ConnectionError)
-            text = f"the answer (HTTP {response.status_code}) is not JSON: {content[:200]!r}"
-            raise HTTPClientError(error=ValueError(text)) from None
+            result = _loads(content, response.status_code)
+        if not isinstance(result, dict):
+            text = (
+                f"the answer (HTTP {response.status_code}) is not a JSON object: {content[:200]!r}"
+            )
+            raise HTTPClientError(error=ValueError(text))
         if action == "ReceiveMessage":
             _decode_binary_attributes(result)
         return result
@@ -204,9 +205,26 @@ class LeanSQS:
             {"status_code": status, "headers": headers, "body": body}, operation.output_shape
         )
         parsed.setdefault("ResponseMetadata", {})["HTTPStatusCode"] = status
-        code = parsed.get("Error", {}).get("Code")
+        # botocore picks the class by the JSON protocol's code (kept as QueryErrorCode when
+        # SQS names the query-era code too, which becomes "Code")
+        error_info = parsed.get("Error", {})
+        code = error_info.get("QueryErrorCode") or error_info.get("Code")
         error: type[ClientError] = self._client.exceptions.from_code(code)
         raise error(parsed, action)
+
+
+def _loads(content: bytes, status: int) -> dict[str, Any]:
+    """An answer orjson refused: Python's json reads what botocore reads (a lone surrogate's
+    escape); anything else is garbled."""
+    try:
+        result = json.loads(content)
+    except ValueError:
+        # botocore would read this as an empty answer (no messages, no entries settled);
+        # a garbled answer is a fault of the way there instead (as a reset would be:
+        # translate() makes it a retryable ConnectionError)
+        text = f"the answer (HTTP {status}) is not JSON: {content[:200]!r}"
+        raise HTTPClientError(error=ValueError(text)) from None
+    return cast(dict[str, Any], result)
 
 
 def _host(scheme: str, netloc: str) -> str:

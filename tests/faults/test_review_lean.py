@@ -10,6 +10,7 @@ from threading import Thread
 import pytest
 from botocore.exceptions import ClientError
 
+from sqsworker.errors import TransportError
 from sqsworker.local import LocalSQS
 from sqsworker.transports import QueueInfo
 from sqsworker.transports.sqs import SQSTransport
@@ -49,7 +50,9 @@ _ANSWER = b'{"Messages":[{"MessageId":"m1","ReceiptHandle":"h1","Body":"a\\ud800
 
 class _Endpoint(BaseHTTPRequestHandler):
     """An SQS endpoint whose answer holds a lone surrogate (JSON allows the escape; Python's
-    json reads it, as botocore does)."""
+    json reads it, as botocore does); ``answer`` changes it."""
+
+    answer = _ANSWER
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -58,9 +61,9 @@ class _Endpoint(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers["Content-Length"]))
         self.send_response(200)
         self.send_header("Content-Type", "application/x-amz-json-1.0")
-        self.send_header("Content-Length", str(len(_ANSWER)))
+        self.send_header("Content-Length", str(len(self.answer)))
         self.end_headers()
-        self.wfile.write(_ANSWER)
+        self.wfile.write(self.answer)
 
 
 @pytest.fixture
@@ -89,3 +92,19 @@ def test_an_answer_python_json_reads_is_read_alike_by_both_clients(endpoint: str
     assert transport.lean.ready
     lean = [m.body for m in transport.receive(10, 0, 30)]
     assert lean == plain == ["a\ud800b"]
+
+
+@pytest.mark.parametrize("answer", [b"null", b"[]", b'"ok"'])
+def test_json_that_is_not_an_object_is_a_retryable_fault(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch, answer: bytes
+) -> None:
+    """JSON that is no object (a proxy's ``null``) is a garbled answer, not a crash of the
+    caller's thread with an AttributeError that no retry or translation sees."""
+    info = QueueInfo(url=f"{endpoint}/000000000000/q", name="q", arn="")
+    transport = SQSTransport.reopen(info, endpoint_url=endpoint)
+    assert transport.lean is not None
+    transport.receive(10, 0, 30)  # botocore's, from which the lean client learns
+    monkeypatch.setattr(_Endpoint, "answer", answer)
+    with pytest.raises(TransportError) as caught:
+        transport.receive(10, 0, 30)
+    assert (caught.value.code, caught.value.retryable) == ("ConnectionError", True)
