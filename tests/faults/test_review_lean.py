@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError
 
 from sqsworker.errors import TransportError
 from sqsworker.local import LocalSQS
-from sqsworker.transports import QueueInfo
+from sqsworker.transports import Envelope, OutgoingMessage, QueueInfo
 from sqsworker.transports.sqs import SQSTransport
 
 from ..conftest import unique
@@ -108,3 +108,38 @@ def test_json_that_is_not_an_object_is_a_retryable_fault(
     with pytest.raises(TransportError) as caught:
         transport.receive(10, 0, 30)
     assert (caught.value.code, caught.value.retryable) == ("ConnectionError", True)
+
+
+def test_binary_and_unicode_travel_alike_on_both_clients(
+    local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent by one client and received by the other, both ways: binary attributes (single
+    and list), text beyond the BMP and a body near the 1 MiB cap arrive as they left."""
+    for key, value in local_sqs.env().items():
+        monkeypatch.setenv(key, value)
+    queue = unique("review-binary")
+    local_sqs.create_queue(queue, max_receive_count=None)
+    clients = {
+        c: SQSTransport.connect(queue, endpoint_url=local_sqs.endpoint_url, sqs_client=c)
+        for c in ("boto3", "lean")
+    }
+    attributes = {
+        "blob": {"DataType": "Binary", "BinaryValue": bytes(range(256))},
+        "text": {"DataType": "String", "StringValue": "é\U0001f600\u2028"},
+    }
+    big = "\U0001f600" * (1_048_576 // 4 - 64)  # 4 bytes each in UTF-8
+    for sender, receiver in (("lean", "boto3"), ("boto3", "lean")):
+        sent = clients[sender].send_batch(
+            [OutgoingMessage("x\U0001f600", message_attributes=attributes), OutgoingMessage(big)]
+        )
+        assert sent.failed == [] and len(sent.succeeded) == 2, sender
+        got: list[Envelope] = []
+        while len(got) < 2:
+            got += clients[receiver].receive(10, 1, 30)
+        by_body = {m.body[:2]: m for m in got}
+        assert by_body["x\U0001f600"].message_attributes["blob"]["BinaryValue"] == bytes(range(256))
+        assert (
+            by_body["x\U0001f600"].message_attributes["text"]["StringValue"] == "é\U0001f600\u2028"
+        )
+        assert by_body[big[:2]].body == big
+        clients[receiver].delete_batch([(str(i), m.receipt_handle) for i, m in enumerate(got)])
