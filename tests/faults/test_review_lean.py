@@ -3,8 +3,12 @@ does, tried where the two could part."""
 
 from __future__ import annotations
 
+import shutil
+import ssl
+import subprocess
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from threading import Thread
 
 import pytest
@@ -143,3 +147,57 @@ def test_binary_and_unicode_travel_alike_on_both_clients(
         )
         assert by_body[big[:2]].body == big
         clients[receiver].delete_batch([(str(i), m.receipt_handle) for i, m in enumerate(got)])
+
+
+def _certificate(directory: Path, name: str) -> tuple[Path, Path]:
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    command = (
+        "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -addext subjectAltName=IP:127.0.0.1"
+    )
+    subprocess.run(
+        [*command.split(), "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}"],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_lean_client_verifies_tls_with_the_ca_bundle_the_environment_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An https endpoint whose certificate only AWS_CA_BUNDLE vouches for: the lean client
+    reads its answers; once the endpoint shows a certificate nobody vouches for, the lean
+    request is refused (a retryable connection fault), not sent."""
+    trusted, trusted_key = _certificate(tmp_path, "trusted")
+    stranger, stranger_key = _certificate(tmp_path, "stranger")
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CA_BUNDLE": str(trusted),
+    }.items():
+        monkeypatch.setenv(name, value)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(trusted, trusted_key)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"https://127.0.0.1:{server.server_address[1]}"
+        info = QueueInfo(url=f"{endpoint}/000000000000/q", name="q", arn="")
+        transport = SQSTransport.reopen(info, endpoint_url=endpoint)
+        assert transport.lean is not None
+        transport.receive(10, 0, 30)  # botocore's, from which the lean client learns
+        assert transport.lean.ready and transport.lean.url == f"{endpoint}/"
+        assert [m.body for m in transport.receive(10, 0, 30)] == ["a\ud800b"]
+        context.load_cert_chain(stranger, stranger_key)  # new handshakes show the stranger
+        with pytest.raises(TransportError) as caught:
+            transport.receive(10, 0, 30)
+        assert (caught.value.code, caught.value.retryable) == ("ConnectionError", True)
+        assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
