@@ -40,8 +40,14 @@ from urllib.parse import urlsplit
 import botocore
 import orjson
 from botocore.awsrequest import AWSPreparedRequest
-from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
+from botocore.exceptions import (
+    ClientError,
+    HTTPClientError,
+    NoCredentialsError,
+    ParamValidationError,
+)
 from botocore.parsers import create_parser
+from botocore.validate import validate_parameters
 
 from ..version import __version__
 
@@ -165,11 +171,18 @@ class LeanSQS:
         if frozen.access_key is None or frozen.secret_key is None:
             raise NoCredentialsError()
         if action == "SendMessageBatch":
+            # what the caller's messages carry (attribute values of any type): refused as
+            # botocore refuses it, not sent as orjson would write it (a datetime, an int)
+            # nor raised as a TypeError; the other calls' parameters are sqsworker's own
+            validate_parameters(params, self._model.operation_model(action).input_shape)
             params = _encode_binary_entries(params)
         try:
             body = orjson.dumps(params)
         except orjson.JSONEncodeError:  # text orjson refuses (a lone surrogate): as botocore
-            body = json.dumps(params).encode()
+            try:
+                body = json.dumps(params).encode()
+            except (TypeError, ValueError) as exc:
+                raise ParamValidationError(report=f"{action}: {exc}") from None
         headers = signer.headers(
             f"{self._target}.{action}",
             body,

@@ -3,6 +3,7 @@ does, tried where the two could part."""
 
 from __future__ import annotations
 
+import datetime
 import shutil
 import ssl
 import subprocess
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from threading import Thread
+from types import MappingProxyType
 
 import pytest
 from botocore.exceptions import ClientError
@@ -201,3 +203,41 @@ def test_the_lean_client_verifies_tls_with_the_ca_bundle_the_environment_names(
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        MappingProxyType({"DataType": "String", "StringValue": "x"}),
+        {"DataType": "String", "StringValue": datetime.datetime(2026, 11, 27)},
+        {"DataType": "Number", "StringValue": 5},
+        {"DataType": "String.Array", "StringListValues": {"x"}},
+    ],
+    ids=["mappingproxy", "datetime", "int", "set"],
+)
+def test_an_attribute_botocore_refuses_is_refused_alike_by_the_lean_client(
+    local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch, value: object
+) -> None:
+    """A message attribute of a type SQS's model does not take: botocore refuses it before
+    sending; the lean client must not send it as orjson writes it (a datetime as text, an
+    int as a number the endpoint refuses with a 500 that is retried) nor raise a TypeError
+    that no caller expects."""
+    for key, env in local_sqs.env().items():
+        monkeypatch.setenv(key, env)
+    queue = unique("review-params")
+    local_sqs.create_queue(queue, max_receive_count=None)
+    seen = {}
+    for client in ("boto3", "lean"):
+        transport = SQSTransport.connect(
+            queue, endpoint_url=local_sqs.endpoint_url, attempts=1, sqs_client=client
+        )
+        with pytest.raises(TransportError) as caught:
+            transport.send_batch([OutgoingMessage("b", message_attributes={"a": value})])
+        seen[client] = (caught.value.code, caught.value.retryable)
+    assert seen["lean"] == seen["boto3"] == ("ParamValidationError", False)
+    assert (
+        local_sqs.client().get_queue_attributes(
+            QueueUrl=transport.info.url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]["ApproximateNumberOfMessages"]
+        == "0"
+    )
