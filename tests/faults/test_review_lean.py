@@ -10,15 +10,18 @@ import subprocess
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
+from threading import Event, Thread
 from types import MappingProxyType
 
+import boto3
 import pytest
-from botocore.exceptions import ClientError
+from botocore.config import Config
+from botocore.exceptions import ClientError, ReadTimeoutError
 
 from sqsworker.errors import TransportError
 from sqsworker.local import LocalSQS
 from sqsworker.transports import Envelope, OutgoingMessage, QueueInfo
+from sqsworker.transports.lean import LeanSQS
 from sqsworker.transports.sqs import SQSTransport
 
 from ..conftest import unique
@@ -59,12 +62,15 @@ class _Endpoint(BaseHTTPRequestHandler):
     json reads it, as botocore does); ``answer`` changes it."""
 
     answer = _ANSWER
+    stall: Event | None = None  # set: hold each answer until it is set
 
     def log_message(self, format: str, *args: object) -> None:
         pass
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
+        if self.stall is not None:
+            self.stall.wait(30)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-amz-json-1.0")
         self.send_header("Content-Length", str(len(self.answer)))
@@ -241,3 +247,25 @@ def test_an_attribute_botocore_refuses_is_refused_alike_by_the_lean_client(
         )["Attributes"]["ApproximateNumberOfMessages"]
         == "0"
     )
+
+
+def test_a_stalled_lean_request_ends_at_the_clients_read_timeout(endpoint: str) -> None:
+    """An endpoint that takes the request and never answers: the lean request ends with
+    botocore's ReadTimeoutError (the client's read timeout, here 1 s), not never."""
+    session = boto3.session.Session()
+    client = session.client(
+        "sqs",
+        endpoint_url=endpoint,
+        config=Config(read_timeout=1, connect_timeout=1, retries={"total_max_attempts": 1}),
+    )
+    lean = LeanSQS(client, session.get_credentials())
+    client.receive_message(QueueUrl=f"{endpoint}/000000000000/q")  # the lean client learns
+    assert lean.ready
+    released = Event()
+    _Endpoint.stall = released
+    try:
+        with pytest.raises(ReadTimeoutError):
+            lean.call("ReceiveMessage", {"QueueUrl": f"{endpoint}/000000000000/q"})
+    finally:
+        released.set()
+        _Endpoint.stall = None
