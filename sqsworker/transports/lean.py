@@ -19,7 +19,10 @@ from botocore everything that must stay exactly right:
   and with it botocore's exceptions for connection faults;
 - the meaning of errors: an answer of 300 or more is parsed by botocore's own JSON parser
   and raised as the ``ClientError`` botocore would raise, so ``translate()`` maps it
-  exactly as it maps botocore's.
+  exactly as it maps botocore's;
+- the parameters of a send batch (what the caller's messages carry): checked by
+  botocore's validator, so what botocore refuses is refused alike (the other calls'
+  parameters are sqsworker's own, and go unchecked).
 
 Binary message attributes travel base64-encoded in the JSON protocol: they are encoded
 and decoded here as botocore does (``bytes`` in Python).
