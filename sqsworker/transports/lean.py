@@ -19,7 +19,10 @@ from botocore everything that must stay exactly right:
   and with it botocore's exceptions for connection faults;
 - the meaning of errors: an answer of 300 or more is parsed by botocore's own JSON parser
   and raised as the ``ClientError`` botocore would raise, so ``translate()`` maps it
-  exactly as it maps botocore's.
+  exactly as it maps botocore's;
+- the parameters of a send batch (what the caller's messages carry): checked by
+  botocore's validator, so what botocore refuses is refused alike (the other calls'
+  parameters are sqsworker's own, and go unchecked).
 
 Binary message attributes travel base64-encoded in the JSON protocol: they are encoded
 and decoded here as botocore does (``bytes`` in Python).
@@ -40,8 +43,14 @@ from urllib.parse import urlsplit
 import botocore
 import orjson
 from botocore.awsrequest import AWSPreparedRequest
-from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
+from botocore.exceptions import (
+    ClientError,
+    HTTPClientError,
+    NoCredentialsError,
+    ParamValidationError,
+)
 from botocore.parsers import create_parser
+from botocore.validate import validate_parameters
 
 from ..version import __version__
 
@@ -165,11 +174,18 @@ class LeanSQS:
         if frozen.access_key is None or frozen.secret_key is None:
             raise NoCredentialsError()
         if action == "SendMessageBatch":
+            # what the caller's messages carry (attribute values of any type): refused as
+            # botocore refuses it, not sent as orjson would write it (a datetime, an int)
+            # nor raised as a TypeError; the other calls' parameters are sqsworker's own
+            validate_parameters(params, self._model.operation_model(action).input_shape)
             params = _encode_binary_entries(params)
         try:
             body = orjson.dumps(params)
         except orjson.JSONEncodeError:  # text orjson refuses (a lone surrogate): as botocore
-            body = json.dumps(params).encode()
+            try:
+                body = json.dumps(params).encode()
+            except (TypeError, ValueError) as exc:
+                raise ParamValidationError(report=f"{action}: {exc}") from None
         headers = signer.headers(
             f"{self._target}.{action}",
             body,
@@ -188,11 +204,12 @@ class LeanSQS:
         try:
             result: dict[str, Any] = orjson.loads(content) if content else {}
         except orjson.JSONDecodeError:
-            # botocore would read this as an empty answer (no messages, no entries
-            # settled); a garbled answer is a fault of the way there instead (as a reset
-            # would be: translate() makes it a retryable ConnectionError)
-            text = f"the answer (HTTP {response.status_code}) is not JSON: {content[:200]!r}"
-            raise HTTPClientError(error=ValueError(text)) from None
+            result = _loads(content, response.status_code)
+        if not isinstance(result, dict):
+            text = (
+                f"the answer (HTTP {response.status_code}) is not a JSON object: {content[:200]!r}"
+            )
+            raise HTTPClientError(error=ValueError(text))
         if action == "ReceiveMessage":
             _decode_binary_attributes(result)
         return result
@@ -204,9 +221,26 @@ class LeanSQS:
             {"status_code": status, "headers": headers, "body": body}, operation.output_shape
         )
         parsed.setdefault("ResponseMetadata", {})["HTTPStatusCode"] = status
-        code = parsed.get("Error", {}).get("Code")
+        # botocore picks the class by the JSON protocol's code (kept as QueryErrorCode when
+        # SQS names the query-era code too, which becomes "Code")
+        error_info = parsed.get("Error", {})
+        code = error_info.get("QueryErrorCode") or error_info.get("Code")
         error: type[ClientError] = self._client.exceptions.from_code(code)
         raise error(parsed, action)
+
+
+def _loads(content: bytes, status: int) -> dict[str, Any]:
+    """An answer orjson refused: Python's json reads what botocore reads (a lone surrogate's
+    escape); anything else is garbled."""
+    try:
+        result = json.loads(content)
+    except ValueError:
+        # botocore would read this as an empty answer (no messages, no entries settled);
+        # a garbled answer is a fault of the way there instead (as a reset would be:
+        # translate() makes it a retryable ConnectionError)
+        text = f"the answer (HTTP {status}) is not JSON: {content[:200]!r}"
+        raise HTTPClientError(error=ValueError(text)) from None
+    return cast(dict[str, Any], result)
 
 
 def _host(scheme: str, netloc: str) -> str:
