@@ -47,6 +47,10 @@ def test_hostile_messages_leave_the_queue_and_every_ordinary_one_runs_once(
     ]
     workers = [scenario.worker(*options, handler=handler) for _ in range(2)]
     wait_until(scenario.drained, timeout=90, what="the queue to drain")
+    # Both started (their SIGTERM handler is set before that line): on a loaded machine
+    # one worker may drain the queue before the other is up, and a signal that early
+    # would find Python's default handler.
+    wait_until(lambda: scenario.logs().count('"worker started"') == 2, timeout=60, what="both up")
     for worker in workers:
         worker.send_signal(signal.SIGTERM)
     wait_until(lambda: all(w.poll() is not None for w in workers), timeout=60, what="exits")
