@@ -96,6 +96,14 @@ class Runner:
                 self.keeper.release(later, 0, HANDED_BACK_BEHIND, urgent=True)
             self.finished(took)
 
+    def _thread_fault(self, held: Held, deferrals: int) -> bool:
+        """A fault that ends the thread (not an ``Exception``): the message, if still this
+        thread's, goes back at once. True when it is another's to finish (kept)."""
+        if not self.inbox.reclaim(held, deferrals):
+            return True
+        self.settler.fault_returns(held)
+        return False
+
     def _begin(self, held: Held) -> bool:
         if self.keeper.begin(held):
             return True
@@ -116,9 +124,7 @@ class Threads(Runner):
             except Exception as exc:  # a step of ours failed: the message's failure
                 kept = not self.settler.contain(held, began, exc, deferrals)
             except BaseException:
-                kept = not self.inbox.reclaim(held, deferrals)
-                if not kept:
-                    self.settler.fault_returns(held)
+                kept = self._thread_fault(held, deferrals)
                 raise
             finally:
                 if not kept:
@@ -332,9 +338,7 @@ class Coroutines(Runner):
             else:
                 kept = not self.settler.contain(held, began, exc, deferrals)
         except BaseException:
-            kept = not self.inbox.reclaim(held, deferrals)
-            if not kept:
-                self.settler.fault_returns(held)
+            kept = self._thread_fault(held, deferrals)
             raise
         finally:
             if not kept:
