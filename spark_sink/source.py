@@ -244,7 +244,10 @@ def receive_or_replay(partition: SQSPartition) -> Slot:
         logged.refuse_other_queue(partition.info.url, options.wal_path)
         return logged
     transport = SQSTransport.reopen(
-        partition.info, endpoint_url=options.endpoint_url, region=options.region
+        partition.info,
+        endpoint_url=options.endpoint_url,
+        region=options.region,
+        max_connections=options.receives_in_flight + 1,
     )
     try:
         received_at, receipts = _receive(transport, options, partition.budget)
@@ -375,8 +378,12 @@ class _Driver:
     def __init__(self, options: SourceOptions, info: QueueInfo) -> None:
         self.options = options
         self.queue_url = info.url
+        # a connection for each sender, and one for latestOffset's counts
         self.transport = SQSTransport.reopen(
-            info, endpoint_url=options.endpoint_url, region=options.region
+            info,
+            endpoint_url=options.endpoint_url,
+            region=options.region,
+            max_connections=LEASE_SENDERS + 2,
         )
         self.clock = SystemClock()
         # Renewals due together, and a commit's deletes, go out LEASE_SENDERS at a time.

@@ -61,7 +61,7 @@ from .transports import MAX_BATCH, EntryFailure, chunks
 
 CAP_MARGIN = 30.0  # never ask for visibility closer than this to the 12-hour cap
 NEAR_CAP = 1800.0  # warn once when less than this much of the cap remains
-RETRY_AFTER_ERROR = 1.0  # seconds before a failed call's entries are tried again
+RETRY_AFTER_ERROR = 1.0  # seconds before a failed call's entries are tried again, at most
 
 DISOWNED = "the receipt handle no longer owns the message; it may be delivered again"
 LAPSED = "its lease ran out while the delete kept failing; it may be delivered again"
@@ -75,6 +75,12 @@ def full_batches(ops: Sequence[Op]) -> list[Op]:
         some = [op for op in ops if op.action == action]
         full += some[: len(some) - len(some) % MAX_BATCH]
     return full
+
+
+def retry_after(entry: Entry) -> float:
+    """Seconds before a failed call's entry is tried again: a second, or an eighth of its
+    timeout if shorter (a 2 s lease renewed at 1 s has a second left, not two tries)."""
+    return min(RETRY_AFTER_ERROR, entry.timeout / 8)
 
 
 def capped(entry: Entry, seconds: int, now: float) -> int:
@@ -431,7 +437,7 @@ class LeaseMachine:
                 self.out.append(NearCap(entry, entry.left(now)))
                 self.woke = True
             else:
-                self._renew_at(entry, started + RETRY_AFTER_ERROR)
+                self._renew_at(entry, started + retry_after(entry))
         if extended:
             self.out.append(Extended(extended, seconds))
 
@@ -440,7 +446,7 @@ class LeaseMachine:
     ) -> None:
         """One renewal batch call failed whole: tried again a second after it began."""
         for entry in batch:
-            self._renew_at(entry, started + RETRY_AFTER_ERROR)
+            self._renew_at(entry, started + retry_after(entry))
             if retryable:  # SQS may have acted before the answer was lost
                 entry.sqs_until = max(entry.sqs_until, now + seconds)
 
@@ -449,7 +455,7 @@ class LeaseMachine:
         unsettled = [op for op in call.ops if op.entry.state is not D and op not in self.ops]
         self._retry(unsettled, now)
         for entry in call.renewals:
-            self._renew_at(entry, now + RETRY_AFTER_ERROR)
+            self._renew_at(entry, now + retry_after(entry))
 
     def ended(self, call: Call) -> None:
         """The call is over, answered or not: its messages are free for the next."""
@@ -535,7 +541,7 @@ class LeaseMachine:
                 if op.action == "delete":  # handled, and it may be delivered again
                     self.out.append(DeleteFailed(op.entry, LAPSED, False))
                 continue
-            op.not_before = now + RETRY_AFTER_ERROR
+            op.not_before = now + retry_after(op.entry)
             op.urgent = op.urgent or self.stopping  # a stop sends all it can
             self.ops.append(op)
 

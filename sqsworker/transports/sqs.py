@@ -166,12 +166,15 @@ class SQSTransport:
         endpoint_url: str | None = None,
         region: str | None = None,
         sqs_client: str | None = None,
+        max_connections: int = 10,
     ) -> SQSTransport:
         """The queue ``info`` describes, without asking SQS again (a copy in another process).
+        ``max_connections``: at least the calls the caller has under way at once (a call
+        beyond the pool opens a connection of its own and closes it after).
 
         The lean client starts on botocore's, and takes the hot calls over from the first
         request botocore sends (it learns the endpoint and the signing scope from it)."""
-        client, lean = _client(endpoint_url, region, 10, sqs_client)
+        client, lean = _client(endpoint_url, region, max_connections, sqs_client)
         return cls(client, info, lean=lean)
 
     def _bind(self, queue: str, *, owns_client: bool) -> SQSTransport:

@@ -55,6 +55,7 @@ class FaultProxy:
         self.faults = Faults()
         self.injected: Counter[str] = Counter()
         self.forwarded = 0
+        self.connections = 0  # accepted from clients: a client's pool reuses its own
         self.access_keys: Counter[str] = (
             Counter()
         )  # requests by the access key they were signed with
@@ -67,6 +68,11 @@ class FaultProxy:
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with proxy._lock:
+                    proxy.connections += 1
 
             def do_POST(self) -> None:
                 proxy._handle(self)
@@ -209,6 +215,9 @@ class FaultProxy:
 
 class _Server(ThreadingHTTPServer):
     stopping = False
+    # As a real endpoint's: a burst of new connections is accepted, not dropped for the
+    # client to send its SYN again a second later (the default backlog is 5).
+    request_queue_size = 128
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not self.stopping:  # a request cut off by the upstream or the proxy going away

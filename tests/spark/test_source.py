@@ -204,6 +204,37 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
     assert slot_files(tmp_path / "wal") == []
 
 
+def test_the_driver_renews_with_a_connection_for_each_sender(aws: LocalSQS, tmp_path: Path) -> None:
+    # A pool smaller than the senders closes a connection after each call beyond it and
+    # opens another the next round: a TLS handshake each, and on a loaded endpoint a
+    # refused connection's second try a second later, past a short lease's end.
+    queue = make_queue(aws, "orders")
+    send_all(queue, [f'{{"order": {i}}}' for i in range(10 * source.LEASE_SENDERS)])
+    held = tuple(m for _ in range(source.LEASE_SENDERS) for m in queue.receive(10, 0, 30))
+    LocalLog(str(tmp_path / "wal")).write(Slot(1, 0, time.time(), held))
+    proxy = FaultProxy(aws.endpoint_url).start()
+    proxy.set(latency=0.02)  # the renewals of a round overlap
+    renewals: list[str] = []
+    proxy.watch = lambda target, *_: renewals.append(target)
+    options = SourceOptions.parse(
+        {
+            "queue": queue.info.url,
+            "walPath": str(tmp_path / "wal"),
+            "endpointUrl": proxy.url,
+            "visibilityTimeout": "2",
+            "waitTimeSeconds": "0",
+        }
+    )
+    driver = _Driver(options, queue.info)
+    try:
+        wait_until(lambda: len(renewals) >= 4 * source.LEASE_SENDERS, what="four rounds")
+    finally:
+        driver.close()
+        proxy.stop()
+    assert len(held) == 10 * source.LEASE_SENDERS
+    assert proxy.connections <= source.LEASE_SENDERS + 2
+
+
 class CountingReceives(FaultProxy):
     """moto's server behind latency; counts the ReceiveMessage calls under way at once."""
 

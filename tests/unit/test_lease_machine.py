@@ -283,6 +283,26 @@ def test_renewals_stop_short_of_the_twelve_hour_cap_with_one_warning() -> None:
     assert machine.expire(entry.expires_at) and entry.state is L
 
 
+@pytest.mark.parametrize("timeout, retry", [(30, RETRY_AFTER_ERROR), (2, 0.25)])
+def test_a_failed_renewal_is_tried_again_while_a_short_lease_still_has_time(
+    timeout: int, retry: float
+) -> None:
+    # A 2 s lease renewed at 1 s has a second left: its retry comes within it, not at 2 s.
+    machine = LeaseMachine(delete_interval=0.2)
+    entry = Entry("h", T0, timeout)
+    machine.received([entry])
+    half = T0 + timeout / 2
+    [call] = machine.due(half)
+    [(seconds, batch)] = machine.renewing(call, half).items()
+    machine.renewal_failed(batch, seconds, half, True, half + 0.02)
+    machine.ended(call)
+    assert machine.next_deadline(half + 0.02) == half + retry
+    [again] = machine.due(half + retry)
+    [(seconds, batch)] = machine.renewing(again, half + retry).items()
+    machine.renewed(batch, seconds, half + retry, {}, half + retry + 0.02)
+    assert not machine.expire(T0 + timeout) and entry.state is W
+
+
 def test_a_failed_entry_is_tried_again_a_second_later_while_its_lease_lasts() -> None:
     machine, _entry = in_state(S)
     answer(machine, T0 + 1, {0: FLAKY})
