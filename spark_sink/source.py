@@ -190,7 +190,11 @@ class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {"seq": start["seq"] + 1}
         # Nothing to read: the commits' deletes finish before the query may end here.
         driver.settle()
-        if not self.available_now:
+        if self.available_now:
+            # What a lapsed lease or a failed delete put back is this run's to read.
+            if driver.await_returned() and driver.visible() > 0:
+                return {"seq": start["seq"] + 1}
+        else:
             time.sleep(IDLE_WAIT)  # Spark asks again at once: do not poll SQS in a loop
         return start
 
@@ -410,6 +414,9 @@ class _Driver:
         self._known: set[tuple[int, int]] = set()  # every slot that may be in the log
         self._committed = 0
         self._closing = False
+        # When the messages of committed batches not deleted (a lease lapsed, a delete
+        # failed: SQS delivers them again) are visible at the latest (monotonic); or None
+        self._returned_by: float | None = None
         self._nudge = threading.Event()  # a slot was planned, or close() was called
         # A commit's deletes go on while the next batch is planned and read: one commit
         # at a time, in order; settle() and close() wait for them.
@@ -516,6 +523,16 @@ class _Driver:
             held = [h for batch in batches for h in batch]
             self._last_commit = self._committer.submit(self._settle, seq, held, slots, returned)
 
+    def await_returned(self) -> bool:
+        """Wait until the committed messages not deleted since the last call may be
+        visible again; True if there were any."""
+        with self._lock:
+            by, self._returned_by = self._returned_by, None
+        if by is None:
+            return False
+        time.sleep(max(0.0, by - time.monotonic()))
+        return True
+
     def settle(self) -> None:
         """Wait until every commit so far has its deletes answered and its log gone."""
         with self._lock:
@@ -550,6 +567,11 @@ class _Driver:
                 count=unsent,
                 batch_id=seq - 1,
             )
+        back = [h.may_hold_for for h in held if h.lost]
+        if back:
+            with self._lock:
+                by = time.monotonic() + max(back)
+                self._returned_by = max(self._returned_by or by, by)
         # The log goes once SQS answered: a driver restarted before then hands them back.
         try:
             self.wal.drop(slots)
