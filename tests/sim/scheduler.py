@@ -73,6 +73,7 @@ class SimTask:
         self.since = 0  # when its wait began, in waits: notify() wakes the longest waiting
         self.woken = False  # a notification woke it from its current wait
         self.thread: threading.Thread | None = None
+        self.turn: threading.Condition | None = None  # its own: given the turn, it alone wakes
 
     def is_alive(self) -> bool:
         return not self.finished
@@ -86,7 +87,11 @@ class SimClock:
         self.rng = random.Random(seed)
         self._now = start
         self._wall_offset = 1_700_000_000.0
-        self._turn = threading.Condition(threading.Lock())
+        # One lock for the hand-off; each thread waits for its turn on a condition of its
+        # own, and the scheduler for the turn back on this one (waking every thread at
+        # each turn made a run with a dozen threads cost milliseconds a turn).
+        self._lock = threading.Lock()
+        self._turn = threading.Condition(self._lock)
         self._running: SimTask | None = None
         self._local = threading.local()
         self.tasks: list[SimTask] = []
@@ -105,6 +110,7 @@ class SimClock:
 
     def spawn(self, name: str, target: Callable[[], object]) -> SimTask:
         task = SimTask(name, self.group)
+        task.turn = threading.Condition(self._lock)
         task.thread = threading.Thread(
             target=self._body, args=(task, target), name=f"sim-{name}", daemon=True
         )
@@ -149,9 +155,11 @@ class SimClock:
 
     def _body(self, task: SimTask, target: Callable[[], object]) -> None:
         self._local.task = task
-        with self._turn:
+        turn = task.turn
+        assert turn is not None
+        with self._lock:
             while self._running is not task:
-                self._turn.wait()
+                turn.wait()
         task.started = True
         try:
             if not self._teardown:
@@ -162,16 +170,18 @@ class SimClock:
             self.errors.append((task.name, exc, traceback.format_exc()))
         finally:
             task.finished = True
-            with self._turn:
+            with self._lock:
                 self._running = None
-                self._turn.notify_all()
+                _original_notify(self._turn)
 
     def _park(self, task: SimTask) -> None:
-        with self._turn:
+        turn = task.turn
+        assert turn is not None
+        with self._lock:
             self._running = None
-            self._turn.notify_all()
+            _original_notify(self._turn)  # the scheduler, alone on it
             while self._running is not task:
-                self._turn.wait()
+                turn.wait()
         if self._teardown:
             raise SimAbort
 
@@ -205,9 +215,10 @@ class SimClock:
 
     def _run(self, task: SimTask) -> None:
         """Give ``task`` the turn until it waits again or ends."""
-        with self._turn:
+        assert task.turn is not None
+        with self._lock:
             self._running = task
-            self._turn.notify_all()
+            _original_notify(task.turn)
             give_up = time.monotonic() + WATCHDOG
             while self._running is not None:
                 if not self._turn.wait(max(0.0, give_up - time.monotonic())):
