@@ -16,8 +16,9 @@ import boto3
 import pytest
 
 from spark_sink import SQSDataSource
+from spark_sink.driver import Driver
 from spark_sink.options import SourceOptions, SQSOptionError
-from spark_sink.source import SCHEMA, SQSPartition, _Driver, receive_or_replay, row
+from spark_sink.source import SCHEMA, SQSPartition, receive_or_replay, row
 from spark_sink.wal import LocalLog, LogUnusable, S3Log
 from sqsworker.local import LocalSQS
 from sqsworker.transports import OutgoingMessage, send_all
@@ -188,7 +189,7 @@ def test_a_slot_a_late_attempt_wrote_after_its_batch_committed_is_not_deleted_at
     options = SourceOptions.parse(
         {"queue": queue.info.url, "walPath": wal, "waitTimeSeconds": "0", "numPartitions": "1"}
     )
-    first = _Driver(options, queue.info)
+    first = Driver(options, queue.info)
     partition = SQSPartition(1, 0, 10, options, queue.info, LocalLog(wal).prepare())
     first.expect([(1, 0)])
     assert [m.body for m in receive_or_replay(partition).messages] == ["returned by batch 0"]
@@ -201,7 +202,7 @@ def test_a_slot_a_late_attempt_wrote_after_its_batch_committed_is_not_deleted_at
     first.close()
 
     # The driver restarted within the late messages' lease; Spark commits batch 0 again.
-    second = _Driver(options, queue.info)
+    second = Driver(options, queue.info)
     try:
         second.commit_through(1)
         second.settle()

@@ -14,9 +14,10 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from structlog.testing import capture_logs
 
+from spark_sink import driver as driver_module
 from spark_sink import source
+from spark_sink.driver import LEASE_SENDERS, Driver
 from spark_sink.options import SourceOptions
-from spark_sink.source import _Driver
 from spark_sink.wal import LocalLog, Slot
 from sqsworker.local import LocalSQS
 from sqsworker.transports import Transport, send_all
@@ -188,7 +189,7 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
     options = SourceOptions.parse(
         {"queue": queue.info.url, "walPath": str(tmp_path / "wal"), "endpointUrl": proxy.url}
     )
-    driver = _Driver(options, queue.info)
+    driver = Driver(options, queue.info)
     try:
         proxy.set(stall=1.0, stall_seconds=1.5)
         committing = threading.Thread(target=driver.commit_through, args=(1,))
@@ -209,8 +210,8 @@ def test_the_driver_renews_with_a_connection_for_each_sender(aws: LocalSQS, tmp_
     # opens another the next round: a TLS handshake each, and on a loaded endpoint a
     # refused connection's second try a second later, past a short lease's end.
     queue = make_queue(aws, "orders")
-    send_all(queue, [f'{{"order": {i}}}' for i in range(10 * source.LEASE_SENDERS)])
-    held = tuple(m for _ in range(source.LEASE_SENDERS) for m in queue.receive(10, 0, 30))
+    send_all(queue, [f'{{"order": {i}}}' for i in range(10 * LEASE_SENDERS)])
+    held = tuple(m for _ in range(LEASE_SENDERS) for m in queue.receive(10, 0, 30))
     LocalLog(str(tmp_path / "wal")).write(Slot(1, 0, time.time(), held))
     proxy = FaultProxy(aws.endpoint_url).start()
     proxy.set(latency=0.02)  # the renewals of a round overlap
@@ -225,14 +226,14 @@ def test_the_driver_renews_with_a_connection_for_each_sender(aws: LocalSQS, tmp_
             "waitTimeSeconds": "0",
         }
     )
-    driver = _Driver(options, queue.info)
+    driver = Driver(options, queue.info)
     try:
-        wait_until(lambda: len(renewals) >= 4 * source.LEASE_SENDERS, what="four rounds")
+        wait_until(lambda: len(renewals) >= 4 * LEASE_SENDERS, what="four rounds")
     finally:
         driver.close()
         proxy.stop()
-    assert len(held) == 10 * source.LEASE_SENDERS
-    assert proxy.connections <= source.LEASE_SENDERS + 2
+    assert len(held) == 10 * LEASE_SENDERS
+    assert proxy.connections <= LEASE_SENDERS + 2
 
 
 class CountingReceives(FaultProxy):
@@ -291,7 +292,7 @@ def test_a_partition_that_received_nothing_is_committed_with_the_others(
     wal.write(Slot(1, 1, time.time(), tuple(queue.receive(10, 0, 30))))
     options = SourceOptions.parse({"queue": queue.info.url, "walPath": str(tmp_path / "wal")})
     with capture_logs() as logs:
-        driver = _Driver(options, queue.info)
+        driver = Driver(options, queue.info)
         try:
             driver.expect([(1, 0), (1, 1)])
             driver.commit_through(1)
@@ -308,7 +309,7 @@ def test_the_driver_stops_looking_often_for_a_file_never_written(
 ) -> None:
     # A task that dies before writing its slot, a query that fails: the watcher looks
     # for it often only for a while, then every WATCH_EVERY.
-    monkeypatch.setattr(source, "DUE_FOR", 0.0)  # the while: twice the visibility timeout
+    monkeypatch.setattr(driver_module, "DUE_FOR", 0.0)  # the while: twice the visibility timeout
     queue = make_queue(aws, "orders")
     options = SourceOptions.parse(
         {
@@ -318,7 +319,7 @@ def test_the_driver_stops_looking_often_for_a_file_never_written(
             "waitTimeSeconds": "0",
         }
     )
-    driver = _Driver(options, queue.info)
+    driver = Driver(options, queue.info)
     try:
         driver.expect([(1, 0)])
         assert driver.looking_often()

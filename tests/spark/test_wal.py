@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 import pytest
 from structlog.testing import capture_logs
 
+from spark_sink.driver import SourceLog
 from spark_sink.options import SourceOptions, SQSOptionError
-from spark_sink.source import _SourceLog
 from spark_sink.wal import LocalLog, LogUnusable, S3Log, Slot, open_log, parse_place
 from sqsworker.clock import FakeClock
 from sqsworker.lease import LeaseKeeper
@@ -255,12 +255,12 @@ def test_options_ignore_case_as_spark_does() -> None:
 def test_a_failed_delete_of_a_committed_message_says_what_is_known() -> None:
     memory = MemorySQS()
     memory.create_queue("orders")
-    keeper = LeaseKeeper(memory.transport("orders"), FakeClock(), _SourceLog("spark_sink"))
+    keeper = LeaseKeeper(memory.transport("orders"), FakeClock(), SourceLog("spark_sink"))
     refused, lost = keeper.add(slot(1, 0, "a", "b").messages, 0.0, 30)
     lost.disowned = True  # SQS said the handle no longer owns it: it may have deleted it
     with capture_logs() as logs:
-        _SourceLog("spark_sink").delete_failed(refused.message, "AccessDenied", False)
-        _SourceLog("spark_sink").delete_failed(lost.message, "receipt handle lost", False)
+        SourceLog("spark_sink").delete_failed(refused.message, "AccessDenied", False)
+        SourceLog("spark_sink").delete_failed(lost.message, "receipt handle lost", False)
     assert [(line["log_level"], line["event"].split(":")[0]) for line in logs] == [
         ("error", "delete of a committed message failed"),  # it will certainly come again
         ("warning", "delete of a committed message not confirmed"),
