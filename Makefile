@@ -15,22 +15,24 @@ DEMO_STAMP := $(VENV)/.demo-installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	( $(BIN)/pip install --quiet uv && \
-	  $(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]' ) || \
+	  $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev]' ) || \
 	( $(BIN)/pip install --quiet --upgrade pip && $(BIN)/pip install --quiet -e '.[dev]' )
 	touch $(STAMP)
 
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	( $(BIN)/pip install --quiet uv && \
-	  $(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[local]' ) || \
+	  $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[local]' ) || \
 	$(BIN)/pip install --quiet -e '.[local]'
 	touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
+# Two processes (the Spark tests together on one: tests/conftest.py); `pytest` alone
+# runs in one, as does `pytest -n 0`.
 test: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(BIN)/ruff check sqsworker spark_sink tests examples bench
