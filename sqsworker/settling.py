@@ -81,6 +81,16 @@ def outcome_of(error: BaseException | None, non_retryable: tuple[type, ...]) -> 
     return Outcome.FAILED
 
 
+DELETE = Decision(Action.DELETE)
+DELETE_NOW = Decision(Action.DELETE, urgent=True)
+
+
+def decide_delete(blocks_its_group: bool) -> Decision:
+    """Handled (or a duplicate): deleted, at once when SQS holds its FIFO group back until
+    then. Nothing else of the message or the queue matters (the hot path asks this alone)."""
+    return DELETE_NOW if blocks_its_group else DELETE
+
+
 def decide(
     outcome: Outcome,
     *,
@@ -103,7 +113,7 @@ def decide(
     key's message that may not be held: returned after ``delay``.
     """
     if outcome in (Outcome.SUCCEEDED, Outcome.DUPLICATE):
-        return Decision(Action.DELETE, urgent=blocks_its_group)
+        return decide_delete(blocks_its_group)
     if outcome is Outcome.REJECTED:
         if dead_letter_queue:  # deleted at once: until then a crash copies it again
             return Decision(Action.DEAD_LETTER, urgent=True)
@@ -198,14 +208,17 @@ class Settler:
     def blocks(self, error: BaseException | None) -> bool:
         """True when settling ``error`` calls the idempotency store or sends a copy to the
         dead-letter queue: a coroutine handler's is then settled on a helper thread."""
-        rejected = outcome_of(error, self.config.non_retryable) is Outcome.REJECTED
-        return self.idempotency is not None or rejected
+        if self.idempotency is not None:
+            return True
+        return (
+            error is not None and outcome_of(error, self.config.non_retryable) is Outcome.REJECTED
+        )
 
     def succeeded(self, held: Held, started: float) -> None:
         message = held.message
         self.complete_claim(message)
         self._done_with_body(message)
-        self._carry_out(held, self._decision(Outcome.SUCCEEDED, held))
+        self._carry_out(held, decide_delete(self.inbox.blocks_its_group(held)))
         self.traced(message, "succeeded")
         self.observer.handler_succeeded(message, self.clock.monotonic() - started)
 
