@@ -77,10 +77,14 @@ def full_batches(ops: Sequence[Op]) -> list[Op]:
     return full
 
 
-def retry_after(entry: Entry) -> float:
+def retry_after(entry: Entry, now: float) -> float:
     """Seconds before a failed call's entry is tried again: a second, or an eighth of its
-    timeout if shorter (a 2 s lease renewed at 1 s has a second left, not two tries)."""
-    return min(RETRY_AFTER_ERROR, entry.timeout / 8)
+    timeout if shorter (a 2 s lease renewed at 1 s has a second left, not two tries), or
+    half of what is left of the lease held at ``now`` if shorter still (after extend() to
+    more, the timeout is not yet the lease: a 2 s lease extended to 60 s keeps 2 s until
+    a renewal succeeds)."""
+    left = max(0.0, entry.expires_at - now)
+    return min(RETRY_AFTER_ERROR, entry.timeout / 8, left / 2)
 
 
 def capped(entry: Entry, seconds: int, now: float) -> int:
@@ -437,7 +441,7 @@ class LeaseMachine:
                 self.out.append(NearCap(entry, entry.left(now)))
                 self.woke = True
             else:
-                self._renew_at(entry, started + retry_after(entry))
+                self._renew_at(entry, started + retry_after(entry, started))
         if extended:
             self.out.append(Extended(extended, seconds))
 
@@ -446,7 +450,7 @@ class LeaseMachine:
     ) -> None:
         """One renewal batch call failed whole: tried again a second after it began."""
         for entry in batch:
-            self._renew_at(entry, started + retry_after(entry))
+            self._renew_at(entry, started + retry_after(entry, started))
             if retryable:  # SQS may have acted before the answer was lost
                 entry.sqs_until = max(entry.sqs_until, now + seconds)
 
@@ -455,7 +459,7 @@ class LeaseMachine:
         unsettled = [op for op in call.ops if op.entry.state is not D and op not in self.ops]
         self._retry(unsettled, now)
         for entry in call.renewals:
-            self._renew_at(entry, now + retry_after(entry))
+            self._renew_at(entry, now + retry_after(entry, now))
 
     def ended(self, call: Call) -> None:
         """The call is over, answered or not: its messages are free for the next."""
@@ -541,7 +545,7 @@ class LeaseMachine:
                 if op.action == "delete":  # handled, and it may be delivered again
                     self.out.append(DeleteFailed(op.entry, LAPSED, False))
                 continue
-            op.not_before = now + retry_after(op.entry)
+            op.not_before = now + retry_after(op.entry, now)
             op.urgent = op.urgent or self.stopping  # a stop sends all it can
             self.ops.append(op)
 

@@ -379,3 +379,29 @@ def test_every_command_names_its_entries() -> None:
     answer(machine, T0 + 1, {})
     commands: Sequence[Command] = machine.take()
     assert list(commands) == [Deleted([entry]), Room()]
+
+
+def test_a_failed_renewal_after_extend_is_tried_again_before_the_old_lease_ends() -> None:
+    # A 2 s lease extended to 60 s: until a renewal succeeds, the 2 s lease is what
+    # holds the message, so the retry of a failed renewal must come within it, not a
+    # second later (60 / 8 is no bound on the time left).
+    machine = LeaseMachine(delete_interval=0.2)
+    entry = Entry("h", T0, 2)
+    machine.received([entry])
+    [first] = machine.due(T0 + 1)  # throttled: tried again at T0 + 1.25
+    [(seconds, batch)] = machine.renewing(first, T0 + 1).items()
+    machine.renewal_failed(batch, seconds, T0 + 1, True, T0 + 1.02)
+    machine.ended(first)
+    assert machine.extend(entry, 60, T0 + 1.1) == 1
+    [call] = machine.due(T0 + 1.1)
+    [(seconds, batch)] = machine.renewing(call, T0 + 1.1).items()
+    assert seconds == 60
+    machine.renewal_failed(batch, seconds, T0 + 1.1, True, T0 + 1.12)
+    machine.ended(call)
+    retry = machine.next_deadline(T0 + 1.12)
+    assert retry is not None and retry < entry.expires_at == T0 + 2
+    [again] = machine.due(retry)
+    [(seconds, batch)] = machine.renewing(again, retry).items()
+    machine.renewed(batch, seconds, retry, {}, retry + 0.02)
+    machine.ended(again)
+    assert not machine.expire(T0 + 2) and entry.state is W
