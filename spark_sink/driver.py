@@ -31,6 +31,10 @@ DUE_FOR = 120.0  # seconds a planned slot is looked for often (the log's look_ev
 # every WATCH_EVERY until its batch commits
 LEASE_SENDERS = 16  # renewals and deletes the driver has under way at once, at most
 DELETE_TIMEOUT = 60.0  # seconds a commit waits for SQS to answer its deletes
+RETURN_POLL = 1.0  # seconds between availableNow's looks for committed messages come back
+# Seconds past the moment counted here that they are looked for: SQS's countdown began when
+# the receive reached it, after the executor dated the lease.
+RETURN_GRACE = 10.0
 log = structlog.get_logger("spark_sink")
 
 
@@ -76,6 +80,7 @@ class Driver:
         # failed: SQS delivers them again) are visible at the latest (monotonic); or None
         self._returned_by: float | None = None
         self._nudge = threading.Event()  # a slot was planned, or close() was called
+        self._closed = threading.Event()  # close() was called: await_returned() returns
         # A commit's deletes go on while the next batch is planned and read: one commit
         # at a time, in order; settle() and close() wait for them.
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="spark-sink-commit")
@@ -182,14 +187,31 @@ class Driver:
             self._last_commit = self._committer.submit(self._settle, seq, held, slots, returned)
 
     def await_returned(self) -> bool:
-        """Wait until the committed messages not deleted since the last call may be
-        visible again; True if there were any."""
-        with self._lock:
-            by, self._returned_by = self._returned_by, None
-        if by is None:
-            return False
-        time.sleep(max(0.0, by - time.monotonic()))
-        return True
+        """Wait until a message is visible again, while committed messages not deleted (a
+        lease lost, a delete refused) may still come back; True if one is, False once
+        they all may have and none is (or the driver is closing).
+
+        Counted here, a lease ends before SQS's: it is dated from when its receive began,
+        SQS's from when the receive reached it. So SQS is asked every RETURN_POLL until
+        RETURN_GRACE past the latest moment counted here, and a message that comes back
+        sooner (a renewal whose answer was lost was not applied) is read at once; the
+        moment is kept until it has passed, so what comes back later is waited for too.
+        """
+        while True:
+            with self._lock:
+                by = self._returned_by
+            if by is None:
+                return False
+            if self.visible() > 0:
+                return True
+            left = by + RETURN_GRACE - time.monotonic()
+            if left <= 0:
+                with self._lock:
+                    if self._returned_by == by:  # none later came meanwhile
+                        self._returned_by = None
+                return False
+            if self._closed.wait(min(RETURN_POLL, left)):
+                return False
 
     def settle(self) -> None:
         """Wait until every commit so far has its deletes answered and its log gone."""
@@ -240,6 +262,7 @@ class Driver:
             self._seen = {key for key in self._seen if key[0] > seq}
 
     def close(self) -> None:
+        self._closed.set()
         # The commits' deletes first: when the query ends here, this process ends with it.
         self._committer.shutdown(wait=True)
         self._closing = True

@@ -185,7 +185,7 @@ class SQSStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         driver.settle()
         if self.available_now:
             # What a lapsed lease or a failed delete put back is this run's to read.
-            if driver.await_returned() and driver.visible() > 0:
+            if driver.await_returned():
                 return {"seq": start["seq"] + 1}
         else:
             time.sleep(IDLE_WAIT)  # Spark asks again at once: do not poll SQS in a loop

@@ -24,7 +24,7 @@ from sqsworker.transports import Transport, send_all
 from sqsworker.transports.sqs import SQSTransport
 
 from ..conftest import wait_until
-from ..faults.proxy import FaultProxy
+from ..faults.proxy import FaultProxy, _answer
 from ..integration.conftest import local
 from .conftest import make_queue, s3_bucket, s3_keys, slot_files
 from .output import read_output, write_once
@@ -396,3 +396,56 @@ def test_offloaded_bodies_are_read_from_s3_and_a_missing_one_is_a_row_that_says_
     assert missing.body == gone.body
     assert "gone from S3 (NoSuchKey)" in missing.attributes["sqsworker.payload_error"]
     assert queue.counts().total == 0  # every message deleted: the query went on
+
+
+class RefusingSettles(FaultProxy):
+    """moto's server, but every renewal and delete refused as AccessDenied (not retried:
+    the leases are lost at once, SQS returning the messages when they run out)."""
+
+    def _handle(self, request: Any) -> None:
+        target = request.headers.get("X-Amz-Target", "")
+        if target.endswith((".DeleteMessageBatch", ".ChangeMessageVisibilityBatch")):
+            request.rfile.read(int(request.headers.get("Content-Length", 0)))
+            return _answer(request, 403, "AccessDenied", "Access to the resource is denied")
+        return super()._handle(request)
+
+
+def test_available_now_waits_until_sqs_itself_returns_what_a_commit_did_not_delete(
+    aws: LocalSQS, tmp_path: Path
+) -> None:
+    # An executor dates each lease from when its receive began; SQS's countdown starts
+    # when the receive reaches it, later by the way there (a second here). A committed
+    # batch whose deletes were refused: once await_returned says so, the messages are
+    # visible, or an availableNow query ends without reading them again.
+    queue = make_queue(aws, "orders")
+    send_all(queue, [f'{{"order": {i}}}' for i in range(5)])
+    slow = FaultProxy(aws.endpoint_url).start()
+    slow.set(latency=1.0)  # each request held a second before it reaches SQS
+    refusing = RefusingSettles(aws.endpoint_url).start()
+    executor = SQSTransport.reopen(queue.info, endpoint_url=slow.url, region="us-east-1")
+    options = SourceOptions.parse(
+        {
+            "queue": queue.info.url,
+            "walPath": str(tmp_path / "wal"),
+            "endpointUrl": refusing.url,
+            "visibilityTimeout": "4",
+            "waitTimeSeconds": "0",
+        }
+    )
+    driver = Driver(options, queue.info)
+    try:
+        began = time.time()
+        held = tuple(executor.receive(10, 0, 4))
+        assert len(held) == 5
+        driver.expect([(1, 0)])
+        LocalLog(str(tmp_path / "wal")).write(Slot(1, 0, began, held))
+        wait_until(lambda: not driver.looking_often(), what="the slot adopted")
+        driver.commit_through(1)
+        driver.settle()
+        assert driver.await_returned()
+        assert queue.counts().visible == 5
+    finally:
+        driver.close()
+        executor.close()
+        slow.stop()
+        refusing.stop()
