@@ -17,7 +17,8 @@ Timing:
 - no renewal asks past SQS's 12-hour cap, counted from the start of the receive;
 - deletes and returns wait at most ``delete_interval`` to fill a batch of 10,
   less when the lease would otherwise run out first; urgent ones go at once;
-- a failed entry is tried again a second later while its lease lasts.
+- a failed entry is tried again a second later while its lease lasts, sooner when
+  the lease is short or nearly over (``retry_after``).
 
 A lease runs out at ``expires_at``, counted from the start of the request that
 set it (the receive, or the last renewal): SQS's own countdown starts later, so
@@ -448,7 +449,7 @@ class LeaseMachine:
     def renewal_failed(
         self, batch: Sequence[Entry], seconds: int, started: float, retryable: bool, now: float
     ) -> None:
-        """One renewal batch call failed whole: tried again a second after it began."""
+        """One renewal batch call failed whole: tried again ``retry_after`` it began."""
         for entry in batch:
             self._renew_at(entry, started + retry_after(entry, started))
             if retryable:  # SQS may have acted before the answer was lost
@@ -538,7 +539,8 @@ class LeaseMachine:
             raise IllegalTransition("an answer to a call not under way")
 
     def _retry(self, ops: Iterable[Op], now: float) -> None:
-        """Try again in a second, while the lease lasts: a lost one is SQS's to return."""
+        """Try again after ``retry_after``, while the lease lasts: a lost one is SQS's to
+        return."""
         for op in ops:
             self._lapse(op.entry, now)
             if op.entry.state is L:
