@@ -28,12 +28,17 @@ class RefusingFirstDeliveries(FaultProxy):
     def __init__(self, upstream: str) -> None:
         super().__init__(upstream, watch=self._received)
         self.first: dict[str, str] = {}  # message id -> its first receipt handle
+        # Their handles, as a set the request threads only test membership in (another
+        # thread adds to it meanwhile: iterating over it, or over ``first``, could fail).
+        self.first_handles: set[str] = set()
         self.refused = 0
 
     def _received(self, target: str, body: bytes, status: int, answer: bytes) -> None:
         if target.endswith(".ReceiveMessage") and status == 200:
             for message in json.loads(answer).get("Messages", []):
-                self.first.setdefault(message["MessageId"], message["ReceiptHandle"])
+                if message["MessageId"] not in self.first:
+                    self.first[message["MessageId"]] = message["ReceiptHandle"]
+                    self.first_handles.add(message["ReceiptHandle"])
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
         target = request.headers.get("X-Amz-Target", "")
@@ -41,7 +46,7 @@ class RefusingFirstDeliveries(FaultProxy):
             length = int(request.headers.get("Content-Length", 0))
             body = request.rfile.read(length)
             handles = {e["ReceiptHandle"] for e in json.loads(body)["Entries"]}
-            if handles & set(self.first.values()):
+            if any(handle in self.first_handles for handle in handles):
                 self.refused += 1
                 return _answer(request, 503, "ServiceUnavailable", "Service is unavailable")
             request.rfile = io.BytesIO(body)  # read again by the forwarding
