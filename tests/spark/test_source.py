@@ -205,6 +205,19 @@ def test_a_commit_keeps_the_log_until_sqs_answered_its_deletes(
     assert slot_files(tmp_path / "wal") == []
 
 
+def short_leases(queue: Transport, tmp_path: Path, endpoint: str, seconds: int) -> SourceOptions:
+    """A driver's options with ``seconds`` of visibility timeout, through ``endpoint``."""
+    return SourceOptions.parse(
+        {
+            "queue": queue.info.url,
+            "walPath": str(tmp_path / "wal"),
+            "endpointUrl": endpoint,
+            "visibilityTimeout": str(seconds),
+            "waitTimeSeconds": "0",
+        }
+    )
+
+
 def test_the_driver_renews_with_a_connection_for_each_sender(aws: LocalSQS, tmp_path: Path) -> None:
     # A pool smaller than the senders closes a connection after each call beyond it and
     # opens another the next round: a TLS handshake each, and on a loaded endpoint a
@@ -217,15 +230,7 @@ def test_the_driver_renews_with_a_connection_for_each_sender(aws: LocalSQS, tmp_
     proxy.set(latency=0.02)  # the renewals of a round overlap
     renewals: list[str] = []
     proxy.watch = lambda target, *_: renewals.append(target)
-    options = SourceOptions.parse(
-        {
-            "queue": queue.info.url,
-            "walPath": str(tmp_path / "wal"),
-            "endpointUrl": proxy.url,
-            "visibilityTimeout": "2",
-            "waitTimeSeconds": "0",
-        }
-    )
+    options = short_leases(queue, tmp_path, proxy.url, 2)
     driver = Driver(options, queue.info)
     try:
         wait_until(lambda: len(renewals) >= 4 * LEASE_SENDERS, what="four rounds")
@@ -423,15 +428,7 @@ def test_available_now_waits_until_sqs_itself_returns_what_a_commit_did_not_dele
     slow.set(latency=1.0)  # each request held a second before it reaches SQS
     refusing = RefusingSettles(aws.endpoint_url).start()
     executor = SQSTransport.reopen(queue.info, endpoint_url=slow.url, region="us-east-1")
-    options = SourceOptions.parse(
-        {
-            "queue": queue.info.url,
-            "walPath": str(tmp_path / "wal"),
-            "endpointUrl": refusing.url,
-            "visibilityTimeout": "4",
-            "waitTimeSeconds": "0",
-        }
-    )
+    options = short_leases(queue, tmp_path, refusing.url, 4)
     driver = Driver(options, queue.info)
     try:
         began = time.time()
