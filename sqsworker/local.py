@@ -189,6 +189,10 @@ def _one_call_at_a_time() -> None:
     models.SQSBackend._sqsworker_atomic = True  # type: ignore[attr-defined]
 
 
+def _entry_error(entry: dict[str, Any], code: str, text: str) -> dict[str, Any]:
+    return {"Id": entry["Id"], "SenderFault": True, "Code": code, "Message": text}
+
+
 def _quick_with_a_backlog() -> None:
     """Make moto's receive cost about the same with thousands of messages queued as with ten.
 
@@ -199,10 +203,13 @@ def _quick_with_a_backlog() -> None:
     retention period is read directly and the clock is ``time.time()``. A batch delete
     looked through the queue twice for each entry; now once for the batch. A send
     computed every attribute to read ``ContentBasedDeduplication`` (2,000 messages took
-    4.7 s to send); now the three counts, which no send reads, are skipped there. What
-    moto decides is unchanged.
+    4.7 s to send); now the three counts, which no send reads, are skipped there. A batch
+    visibility change looked through the queue for each entry (7 ms of CPU a call with
+    600 messages in flight); now once for the batch. What moto decides is unchanged.
     """
     from moto.sqs import models
+    from moto.sqs.constants import MAXIMUM_VISIBILITY_TIMEOUT
+    from moto.sqs.exceptions import InvalidParameterValue, ReceiptHandleIsInvalid
 
     if getattr(models, "_sqsworker_quick", False):
         return
@@ -248,6 +255,48 @@ def _quick_with_a_backlog() -> None:
                 if r["ReceiptHandle"] not in deleted
             ]
 
+    def change_message_visibility_batch(
+        backend: Any, queue_name: str, entries: list[dict[str, Any]]
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        with _backend_lock:
+            queue = backend.get_queue(queue_name)
+            wanted = {e.get("ReceiptHandle") for e in entries}
+            holder: dict[str, Any] = {}
+            for message in queue._messages:
+                if message.receipt_handle in wanted or not wanted.isdisjoint(
+                    message._old_receipt_handles
+                ):
+                    for handle in message.all_receipt_handles:
+                        holder.setdefault(handle, message)
+            succeeded, failed = [], []
+            invalid = getattr(ReceiptHandleIsInvalid(), "message", "")
+            for entry in entries:
+                try:
+                    timeout = int(entry["VisibilityTimeout"])
+                except (KeyError, TypeError, ValueError):
+                    timeout = MAXIMUM_VISIBILITY_TIMEOUT + 1
+                if timeout > MAXIMUM_VISIBILITY_TIMEOUT:
+                    failed.append(
+                        _entry_error(entry, "InvalidParameterValue", "Visibility timeout invalid")
+                    )
+                    continue
+                message = holder.get(entry["ReceiptHandle"])
+                if message is None:
+                    failed.append(_entry_error(entry, "ReceiptHandleIsInvalid", invalid))
+                    continue
+                # as moto's own change: the 12 hours since sent, then the change
+                if time.time() * 1000 + timeout * 1000 - message.sent_timestamp > 43200 * 1000:
+                    raise InvalidParameterValue(
+                        f"Value {timeout} for parameter VisibilityTimeout is invalid. Reason: "
+                        "Total VisibilityTimeout for the message is beyond the limit [43200 "
+                        "seconds]"
+                    )
+                message.change_visibility(timeout)
+                if message.visible and message in queue.pending_messages:
+                    queue.pending_messages.remove(message)
+                succeeded.append(entry["Id"])
+            return succeeded, failed
+
     sending = threading.local()  # this thread is in a send: no count is read
 
     def uncounted_in_a_send(count: property) -> property:
@@ -273,5 +322,6 @@ def _quick_with_a_backlog() -> None:
     backend = models.SQSBackend
     backend.is_message_valid_based_on_retention_period = retained  # type: ignore[method-assign,assignment]
     backend.delete_message_batch = delete_message_batch  # type: ignore[method-assign,assignment]
+    backend.change_message_visibility_batch = change_message_visibility_batch  # type: ignore[method-assign,assignment]
     backend.send_message = send  # type: ignore[method-assign]
     models._sqsworker_quick = True  # type: ignore[attr-defined]
