@@ -179,7 +179,9 @@ def cpu_by_kind(root: int, skip: int) -> dict[str, float]:
         ancestor = parents.get(pid, 0)
         while ancestor not in (0, 1, root, skip):
             ancestor = parents.get(ancestor, 0)
-        if ancestor == root and pid != skip:
+        if pid == skip:
+            totals["server"] += seconds  # moto's: not the source's, shown beside it
+        elif ancestor == root:
             totals[kind] += seconds
     totals["driver"] += totals["driver py"]
     return dict(totals)
@@ -193,9 +195,11 @@ def spark_session(env: dict[str, str]) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     from spark_sink import SQSDataSource
+    from tests.spark.cluster import worker_python
 
     os.environ.update(env)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # pyspark as installed, not recompiled from Spark's zip at every Python worker start
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
@@ -327,7 +331,8 @@ def print_runs(runs: list[SourceRun]) -> None:
             f"{run.rate:>8.1f}{run.running_rate:>9.1f}{run.batches:>8}"
             f"{run.requests_per_message:>8.3f}{run.s3_requests / run.messages:>8.4f}"
             f"{run.cpu_per_1000('driver'):>8.2f}{run.cpu_per_1000('executors'):>8.2f}"
-            f"{run.cpu_per_1000('driver py'):>7.2f}{run.phases['start']:>8.2f}"
+            f"{run.cpu_per_1000('driver py'):>7.2f}{run.cpu_per_1000('server'):>8.2f}"
+            f"{run.phases['start']:>8.2f}"
             f"{run.phases['latestOffset']:>12.2f}{run.phases['addBatch']:>10.2f}  {requests}"
         )
     flights = list(dict.fromkeys(r.in_flight for r in runs))

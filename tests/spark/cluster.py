@@ -33,6 +33,31 @@ HOME = Path(pyspark.__file__).parent
 EXECUTOR_MEMORY = "512m"
 
 
+def worker_python() -> str:
+    """The Python for Spark's Python workers: this one, importing pyspark as installed.
+
+    Spark puts its own ``pyspark.zip`` (and py4j's) first on a worker's path, and
+    zipimport keeps no bytecode, so every worker start compiled pyspark again: 1.3 s of
+    CPU against 0.45 s from the installed package (measured), for each of the several
+    Python processes Spark starts for a query. The same pyspark is installed beside this
+    Python; the script drops the zips from ``PYTHONPATH`` and runs it.
+    """
+    script = Path(sys.executable).with_name("python-spark-worker")
+    text = (
+        "#!/bin/sh\n"
+        "PYTHONPATH=$(printf '%s' \"$PYTHONPATH\" | tr ':' '\\n' "
+        "| grep -v -e '/pyspark\\.zip$' -e '/py4j-[^/]*\\.zip$' | paste -sd: -)\n"
+        "export PYTHONPATH\n"
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    if not script.exists() or script.read_text() != text:
+        staged = script.with_name(f".{script.name}.{os.getpid()}")
+        staged.write_text(text)
+        staged.chmod(0o755)
+        staged.replace(script)  # two test processes may write it at once
+    return str(script)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -175,7 +200,7 @@ class Driver:
             [sys.executable, "-m", "tests.spark.cluster_driver", json.dumps(dict(config))],
             cwd=ROOT,
             # Its Python workers, and the executors' (spark.executorEnv), run this Python.
-            env={**os.environ, **env, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable},
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": worker_python()},
             stdout=self._out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

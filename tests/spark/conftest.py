@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from spark_sink import SQSDataSource
 
-from .cluster import StandaloneCluster
+from .cluster import StandaloneCluster, worker_python
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +32,7 @@ def spark(local_sqs: LocalSQS) -> Iterator[SparkSession]:
     """
     saved = dict(os.environ)
     os.environ.update(local_sqs.env())
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # or workers may run another Python
+    os.environ["PYSPARK_PYTHON"] = worker_python()  # or workers may run another Python
     try:
         session = (
             SparkSession.builder.master("local[2]")
