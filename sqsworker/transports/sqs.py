@@ -3,10 +3,10 @@
 boto3's conventions hold: the default credential chain, AWS_REGION /
 AWS_DEFAULT_REGION, AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_SQS. botocore's own
 retries are turned off so that every attempt is one counted request; transient
-faults (throttling, 5xx, connection resets, timeouts) are retried here with
-tenacity (except a receive: one attempt, so the caller knows when the request that
-returned a message began), and every botocore error leaves this module as an
-sqsworker error.
+faults (throttling, 5xx, connection resets, timeouts) are retried here, after
+0.1, 0.2, 0.4 ... s (at most 2) and up to 0.1 s more at random (except a receive:
+one attempt, so the caller knows when the request that returned a message began),
+and every botocore error leaves this module as an sqsworker error.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import re
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -29,14 +31,6 @@ from botocore.exceptions import (
     NoCredentialsError,
     NoRegionError,
     PartialCredentialsError,
-)
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
 )
 
 from ..config import MAX_WAIT_TIME, SQS_CLIENTS
@@ -55,6 +49,10 @@ if TYPE_CHECKING:
     from .lean import LeanSQS
 
 T = TypeVar("T")
+
+# A failed call's retries: after 0.1 s, doubling to at most 2 s, each up to 0.1 s later at
+# random (so that workers refused together do not come back together).
+RETRY_FIRST, RETRY_MOST, RETRY_JITTER = 0.1, 2.0, 0.1
 
 # Which client sends the hot calls (receive, delete, change visibility, send batches):
 # "lean" (signed JSON requests, transports/lean.py) or "boto3" (botocore's client for all).
@@ -239,24 +237,28 @@ class SQSTransport:
     def _call(
         self, action: str, method: Callable[..., T], attempts: int | None = None, /, **kwargs: Any
     ) -> T:
-        retrying = Retrying(
-            retry=retry_if_exception(lambda e: isinstance(e, TransportError) and e.retryable),
-            stop=stop_after_attempt(attempts or self.attempts),
-            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
-            before_sleep=_log_retry,
-            reraise=True,
-        )
-        for attempt in retrying:
-            with attempt:
-                self.requests[action] += 1
-                try:
-                    return method(**kwargs)
-                except (ClientError, BotoCoreError) as exc:
-                    error = translate(exc, action)
-                    code = getattr(error, "code", None) or type(error).__name__
-                    self.request_errors[action, code] += 1
+        attempts = attempts or self.attempts
+        attempt = 1
+        while True:
+            self.requests[action] += 1
+            try:
+                return method(**kwargs)
+            except (ClientError, BotoCoreError) as exc:
+                error = translate(exc, action)
+                code = getattr(error, "code", None) or type(error).__name__
+                self.request_errors[action, code] += 1
+                if not (isinstance(error, TransportError) and error.retryable):
                     raise error from exc
-        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+                if attempt >= attempts:
+                    raise error from exc
+            delay = min(RETRY_FIRST * 2 ** (attempt - 1), RETRY_MOST) + random.uniform(
+                0, RETRY_JITTER
+            )
+            _log.warning(
+                "SQS request failed; retrying (attempt %d) in %.2f s: %s", attempt, delay, error
+            )
+            time.sleep(delay)
+            attempt += 1
 
     def _hot(self, action: str, method: Callable[..., T]) -> Callable[..., T]:
         """The lean client's ``action`` once it knows where and how to send, else botocore's."""
@@ -387,18 +389,6 @@ class SQSTransport:
 
 _log = logging.getLogger("sqsworker.transport")
 _AWS_QUEUE_URL = re.compile(r"https://sqs\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?/")
-
-
-def _log_retry(state: RetryCallState) -> None:
-    """One line per retried SQS call: throttling, 5xx and resets show in the logs."""
-    error = state.outcome.exception() if state.outcome else None
-    delay = state.next_action.sleep if state.next_action else 0.0
-    _log.warning(
-        "SQS request failed; retrying (attempt %d) in %.2f s: %s",
-        state.attempt_number,
-        delay,
-        error,
-    )
 
 
 def _client(
