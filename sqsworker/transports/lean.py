@@ -14,9 +14,12 @@ from botocore everything that must stay exactly right:
 - the endpoint, the signing region and the service name: taken from a request botocore
   itself signed and sent (``learn()``, the queue check at start), so ``--endpoint-url``,
   ``AWS_ENDPOINT_URL_SQS``, FIPS and dual-stack resolve as botocore resolves them;
-- the HTTP session: the client's own (urllib3 with its CA bundle, ``AWS_CA_BUNDLE``, its
-  proxies, ``HTTPS_PROXY`` and ``NO_PROXY``, its connect and read timeouts and its pool),
-  and with it botocore's exceptions for connection faults;
+- the HTTP session's settings: requests go over keep-alive connections of ``Wire``
+  (transports/wire.py) with the TLS context, the certificates checked (its CA bundle,
+  ``AWS_CA_BUNDLE``), the client certificate, the connect and read timeouts and the
+  pool size of the client's own session, and raise botocore's exceptions for faults on
+  the way; where a proxy applies (``HTTPS_PROXY``, ``NO_PROXY``, the client's proxies),
+  they go through that session itself;
 - the meaning of errors: an answer of 300 or more is parsed by botocore's own JSON parser
   and raised as the ``ClientError`` botocore would raise, so ``translate()`` maps it
   exactly as it maps botocore's;
@@ -51,8 +54,10 @@ from botocore.exceptions import (
 )
 from botocore.parsers import create_parser
 from botocore.validate import validate_parameters
+from urllib3 import HTTPHeaderDict
 
 from ..version import __version__
+from .wire import Wire, tls_context
 
 HOT_ACTIONS = frozenset(
     {"ReceiveMessage", "DeleteMessageBatch", "ChangeMessageVisibilityBatch", "SendMessageBatch"}
@@ -137,6 +142,7 @@ class LeanSQS:
         self._agent = f"sqsworker/{__version__} botocore/{botocore.__version__} lean"
         self.url: str | None = None
         self._signer: Signer | None = None
+        self.wire: Wire | None = None  # None: through botocore's session (a proxy applies)
         client.meta.events.register("before-send.sqs", self._learn)
 
     def _learn(self, request: Any, **kwargs: Any) -> None:
@@ -157,6 +163,8 @@ class LeanSQS:
         if parts.path not in ("", "/") or parts.query:
             return
         self.url = f"{parts.scheme}://{parts.netloc}/"
+        if self._http._proxy_config.proxy_url_for(self.url) is None:
+            self.wire = _wire(self._http, self.url)
         self._signer = Signer(_host(parts.scheme, parts.netloc), scope[2], scope[3])
 
     @property
@@ -195,20 +203,29 @@ class LeanSQS:
             datetime.datetime.now(datetime.UTC),
         )
         headers["User-Agent"] = self._agent
-        # a plain dict of headers: urllib3 takes it, and botocore's session reads it as one
-        request = AWSPreparedRequest("POST", url, cast(Any, headers), body, False)
-        response = self._http.send(request)
-        content = response.content
-        if response.status_code >= 300:
-            self._raise(action, response.status_code, response.headers, content)
+        wire = self.wire
+        if wire is not None:
+            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            answer = wire.post(
+                f"POST / HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode(),
+                body,
+            )
+            status, content = answer.status, answer.body
+            if status >= 300:
+                self._raise(action, status, HTTPHeaderDict(answer.headers), content)
+        else:
+            # a plain dict of headers: urllib3 takes it, and botocore's session reads it so
+            request = AWSPreparedRequest("POST", url, cast(Any, headers), body, False)
+            response = self._http.send(request)
+            status, content = response.status_code, response.content
+            if status >= 300:
+                self._raise(action, status, response.headers, content)
         try:
             result: dict[str, Any] = orjson.loads(content) if content else {}
         except orjson.JSONDecodeError:
-            result = _loads(content, response.status_code)
+            result = _loads(content, status)
         if not isinstance(result, dict):
-            text = (
-                f"the answer (HTTP {response.status_code}) is not a JSON object: {content[:200]!r}"
-            )
+            text = f"the answer (HTTP {status}) is not a JSON object: {content[:200]!r}"
             raise HTTPClientError(error=ValueError(text))
         if action == "ReceiveMessage":
             _decode_binary_attributes(result)
@@ -227,6 +244,27 @@ class LeanSQS:
         code = error_info.get("QueryErrorCode") or error_info.get("Code")
         error: type[ClientError] = self._client.exceptions.from_code(code)
         raise error(parsed, action)
+
+
+def _wire(http: Any, url: str) -> Wire:
+    """Connections to ``url`` as botocore's session ``http`` (a ``URLLib3Session``) makes
+    them: its TLS context and certificate checks, its timeouts, its pool's size."""
+    parts = urlsplit(url)
+    secure = parts.scheme == "https"
+    timeout = http._timeout  # seconds, or urllib3's Timeout(connect, read)
+    if isinstance(timeout, int | float):
+        connect = read = float(timeout)
+    else:
+        connect, read = timeout.connect_timeout, timeout.read_timeout
+    return Wire(
+        url,
+        parts.hostname or "",
+        parts.port or (443 if secure else 80),
+        context=tls_context(http._verify, http._cert_file, http._key_file) if secure else None,
+        connect_timeout=connect,
+        read_timeout=read,
+        max_idle=http._max_pool_connections,
+    )
 
 
 def _loads(content: bytes, status: int) -> dict[str, Any]:

@@ -385,6 +385,8 @@ class SQSTransport:
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
+            if self.lean is not None and self.lean.wire is not None:
+                self.lean.wire.close()
 
 
 _log = logging.getLogger("sqsworker.transport")

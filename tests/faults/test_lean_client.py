@@ -66,6 +66,8 @@ def test_a_fault_leaves_each_hot_call_as_the_same_error_on_both_clients(
     queue = unique("lean-faults")
     local_sqs.create_queue(queue, max_receive_count=None)
     transports = {c: connect(queue, proxy.url, c) for c in CLIENTS}
+    lean = transports["lean"].lean
+    assert lean is not None and lean.wire is not None  # connections of its own
     proxy.set(**{fault: 1.0})
     for action, call in CALLS.items():
         seen = {client: outcome(transports[client], call) for client in CLIENTS}
@@ -191,6 +193,8 @@ def test_both_clients_go_through_the_proxy_the_environment_names(
         transport.delete_batch([("a", message.receipt_handle)])
         assert message.body == client
         assert proxy.forwarded - before == 3, client
+        if transport.lean is not None:  # through botocore's session, not connections of its own
+            assert transport.lean.wire is None
 
 
 @pytest.mark.parametrize("client", ["lean", "boto3"])

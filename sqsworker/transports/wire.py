@@ -1,0 +1,281 @@
+"""A keep-alive HTTP/1.1 client for one endpoint: how the lean client reaches SQS.
+
+SQS's JSON protocol needs little of HTTP: a POST of a body of known length, and an
+answer with a ``Content-Length`` (or chunked, or until the connection closes). Through
+botocore's urllib3 session a receive of 10 cost 561 µs of CPU, through ``http.client``
+377, and written straight to a socket, as here, 177 (``bench.calls``): urllib3's pool,
+``Retry`` and response objects and ``http.client``'s header parsing (the ``email``
+package) cost more than the rest of a call.
+
+What must stay exactly as botocore does it is botocore's: the TLS context
+(``create_urllib3_context``: its ciphers and options), the certificates checked (the
+client's ``verify``: its CA bundle, ``AWS_CA_BUNDLE``, or none), the host name checked,
+a client certificate, the connect and read timeouts, and the exceptions a fault
+raises (``EndpointConnectionError``, ``ConnectTimeoutError``, ``ReadTimeoutError``,
+``ConnectionClosedError``, ``SSLError``), so ``translate()`` maps them as it maps
+botocore's. A proxy is not handled here: the lean client sends through botocore's
+session when one applies.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import ssl
+import threading
+import weakref
+from typing import Any
+
+from botocore.exceptions import (
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    HTTPClientError,
+    ReadTimeoutError,
+    SSLError,
+)
+from botocore.httpsession import create_urllib3_context, get_cert_path
+
+_LINE_MOST = 65_536  # bytes in a status or header line
+_HEADERS_MOST = 100  # header lines in an answer
+
+
+class Answer:
+    """An HTTP answer: its status, its headers (names in lower case) and its body."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+
+def tls_context(verify: Any, cert_file: str | None, key_file: str | None) -> ssl.SSLContext:
+    """The TLS context botocore's session would use: ``verify`` is the client's (True:
+    botocore's CA bundle; a path: that bundle or folder; False: no check)."""
+    context: ssl.SSLContext = create_urllib3_context()
+    if verify:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.check_hostname = True
+        where = str(get_cert_path(verify))
+        if os.path.isdir(where):
+            context.load_verify_locations(capath=where)
+        else:
+            context.load_verify_locations(cafile=where)
+    else:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if cert_file:
+        context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+class Wire:
+    """Keep-alive connections to ``url``'s host (a pool of idle ones, at most
+    ``max_idle``), each used by one request at a time."""
+
+    def __init__(
+        self,
+        url: str,
+        host: str,
+        port: int,
+        *,
+        context: ssl.SSLContext | None,
+        connect_timeout: float | None,
+        read_timeout: float | None,
+        max_idle: int,
+    ) -> None:
+        self.url = url  # for the errors' words
+        self._address = (host, port)
+        self._context = context
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._max_idle = max_idle
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
+        self.opened = 0  # connections made so far
+        # a Wire nobody closed closes its idle connections when it goes (as urllib3's pools)
+        weakref.finalize(self, _close_all, self._idle)
+
+    def post(self, head: bytes, body: bytes) -> Answer:
+        """POST ``body``; ``head`` is the request line and its headers, ending in a
+        blank line. Raises botocore's exceptions for faults on the way."""
+        connection = self._take()
+        try:
+            connection.send(head + body)
+            answer, keep = connection.answer()
+        except BaseException:
+            connection.close()
+            raise
+        if keep:
+            self._give_back(connection)
+        else:
+            connection.close()
+        return answer
+
+    def close(self) -> None:
+        with self._lock:
+            idle = self._idle[:]
+            self._idle.clear()
+        _close_all(idle)
+
+    def _take(self) -> _Connection:
+        while True:
+            with self._lock:
+                connection = self._idle.pop() if self._idle else None
+            if connection is None:
+                return self._open()
+            if connection.usable():
+                return connection
+            connection.close()  # the endpoint closed it while it was idle
+
+    def _give_back(self, connection: _Connection) -> None:
+        with self._lock:
+            if len(self._idle) < self._max_idle:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def _open(self) -> _Connection:
+        try:
+            sock = socket.create_connection(self._address, timeout=self._connect_timeout)
+        except TimeoutError as exc:
+            raise ConnectTimeoutError(endpoint_url=self.url, error=exc) from None
+        except OSError as exc:
+            raise EndpointConnectionError(endpoint_url=self.url, error=exc) from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._context is not None:
+                sock = self._context.wrap_socket(sock, server_hostname=self._address[0])
+        except ssl.SSLError as exc:
+            sock.close()
+            raise SSLError(endpoint_url=self.url, error=exc) from None
+        except TimeoutError as exc:
+            sock.close()
+            raise ConnectTimeoutError(endpoint_url=self.url, error=exc) from None
+        except OSError as exc:
+            sock.close()
+            raise EndpointConnectionError(endpoint_url=self.url, error=exc) from None
+        sock.settimeout(self._read_timeout)
+        with self._lock:
+            self.opened += 1
+        return _Connection(sock, self.url)
+
+
+def _close_all(connections: list[_Connection]) -> None:
+    for connection in connections:
+        connection.close()
+
+
+class _Connection:
+    def __init__(self, sock: socket.socket, url: str) -> None:
+        self._sock = sock
+        self._reader = sock.makefile("rb")
+        self._url = url
+
+    def usable(self) -> bool:
+        """Nothing to read while idle: an idle connection readable was closed by the
+        endpoint (or sent what no request asked for)."""
+        if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+            return False
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
+    def send(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except TimeoutError as exc:
+            raise ReadTimeoutError(endpoint_url=self._url, error=exc) from None
+        except OSError as exc:
+            raise ConnectionClosedError(endpoint_url=self._url, error=exc) from None
+
+    def answer(self) -> tuple[Answer, bool]:
+        """The answer, and whether the connection may carry another request."""
+        try:
+            return self._read()
+        except TimeoutError as exc:
+            raise ReadTimeoutError(endpoint_url=self._url, error=exc) from None
+        except ssl.SSLError as exc:
+            raise SSLError(endpoint_url=self._url, error=exc) from None
+        except OSError as exc:
+            raise ConnectionClosedError(endpoint_url=self._url, error=exc) from None
+
+    def _read(self) -> tuple[Answer, bool]:
+        line = self._line()
+        if not line:
+            raise ConnectionClosedError(endpoint_url=self._url)
+        version, _, rest = line.partition(b" ")
+        try:
+            status = int(rest[:3])
+        except ValueError:
+            raise self._garbled(f"the status line {line[:100]!r}") from None
+        if not version.startswith(b"HTTP/1.") or not 100 <= status <= 599:
+            raise self._garbled(f"the status line {line[:100]!r}")
+        headers: dict[str, str] = {}
+        for _ in range(_HEADERS_MOST):
+            line = self._line()
+            if line in (b"\r\n", b"\n"):
+                break
+            if not line:
+                raise ConnectionClosedError(endpoint_url=self._url)
+            name, colon, value = line.partition(b":")
+            if not colon:
+                raise self._garbled(f"a header line {line[:100]!r}")
+            key = name.strip().lower().decode("latin-1")
+            text = value.strip().decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        else:
+            raise self._garbled(f"more than {_HEADERS_MOST} header lines")
+        keep = version == b"HTTP/1.1" and "close" not in headers.get("connection", "").lower()
+        if 100 <= status < 200:
+            raise self._garbled(f"an interim answer ({status}) to a request that asked none")
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            body = self._chunked()
+        elif "content-length" in headers:
+            try:
+                length = int(headers["content-length"])
+            except ValueError:
+                raise self._garbled(f"Content-Length {headers['content-length']!r}") from None
+            body = self._reader.read(length)
+            if len(body) != length:
+                raise ConnectionClosedError(endpoint_url=self._url)
+        else:  # the body ends where the connection does
+            body, keep = self._reader.read(), False
+        return Answer(status, headers, body), keep
+
+    def _chunked(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            size_line = self._line()
+            try:
+                size = int(size_line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise self._garbled(f"a chunk size {size_line[:100]!r}") from None
+            if size == 0:
+                while self._line() not in (b"\r\n", b"\n", b""):  # trailers
+                    pass
+                return b"".join(parts)
+            chunk = self._reader.read(size)
+            if len(chunk) != size:
+                raise ConnectionClosedError(endpoint_url=self._url)
+            parts.append(chunk)
+            self._line()  # the chunk's CRLF
+
+    def _line(self) -> bytes:
+        line = self._reader.readline(_LINE_MOST + 1)
+        if len(line) > _LINE_MOST:
+            raise self._garbled("a line longer than 64 KiB")
+        return line
+
+    def _garbled(self, what: str) -> HTTPClientError:
+        return HTTPClientError(error=ValueError(f"{what} from {self._url} is not HTTP/1.1"))
+
+    def close(self) -> None:
+        try:
+            self._reader.close()
+            self._sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,221 @@
+"""The lean client's HTTP/1.1 connections (transports/wire.py) against a scripted endpoint:
+keep-alive, the ways an answer's body may end, connections the endpoint closed, and
+answers that are not HTTP, each a fault botocore would raise for it."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from botocore.exceptions import (
+    ConnectionClosedError,
+    EndpointConnectionError,
+    HTTPClientError,
+    ReadTimeoutError,
+)
+
+from sqsworker.transports.sqs import translate
+from sqsworker.transports.wire import Wire
+
+HEAD = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
+
+
+STALL = b"stall"  # an answer: keep the connection, say nothing
+CLOSE = b"close"  # after the answer before it: close the connection
+
+
+class Scripted:
+    """An endpoint on 127.0.0.1 that answers each request on a connection with the next
+    of ``answers`` (bytes to write; None: close the connection instead of answering;
+    STALL: never answer; CLOSE, after an answer: close the connection once it is sent)."""
+
+    def __init__(self, answers: list[bytes | None]) -> None:
+        self.answers = answers
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.closed = threading.Event()  # a connection was closed by CLOSE
+        self._released = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as reader:
+            while self.answers:
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    line = reader.readline()
+                    if not line:
+                        return
+                    head += line
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                self.requests.append(head + reader.read(length))
+                answer = self.answers.pop(0)
+                if answer is None:
+                    return
+                if answer == STALL:
+                    self._released.wait(30)
+                    return
+                conn.sendall(answer)
+                if self.answers and self.answers[0] == CLOSE:
+                    self.answers.pop(0)
+                    conn.shutdown(socket.SHUT_RDWR)
+                    self.closed.set()
+                    return
+
+    def wire(self, read_timeout: float = 5.0) -> Wire:
+        return Wire(
+            f"http://127.0.0.1:{self.port}/",
+            "127.0.0.1",
+            self.port,
+            context=None,
+            connect_timeout=5.0,
+            read_timeout=read_timeout,
+            max_idle=4,
+        )
+
+    def close(self) -> None:
+        self._released.set()
+        self._server.close()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[Callable[[list[bytes | None]], Scripted]]:
+    made: list[Scripted] = []
+
+    def make(answers: list[bytes | None]) -> Scripted:
+        made.append(Scripted(answers))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+Make = Callable[[list[bytes | None]], Scripted]
+
+
+def ok(body: bytes, *extra: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\n" + b"".join(e + b"\r\n" for e in extra)
+    return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def test_requests_share_one_connection_while_the_endpoint_keeps_it(endpoint: Make) -> None:
+    server = endpoint([ok(b'{"a": 1}'), ok(b'{"a": 2}'), ok(b"{}")])
+    wire = server.wire()
+    bodies = [wire.post(HEAD, b"{}").body for _ in range(3)]
+    assert bodies == [b'{"a": 1}', b'{"a": 2}', b"{}"]
+    assert wire.opened == 1 and server.connections == 1
+    assert server.requests[0] == HEAD + b"{}"  # sent as given
+    wire.close()
+
+
+def test_a_chunked_answer_is_read_whole_and_its_headers_in_lower_case(endpoint: Make) -> None:
+    chunked = (
+        b"HTTP/1.1 400 Bad Request\r\nX-Amzn-Query-Error: AWS.X;Sender\r\n"
+        b'Transfer-Encoding: chunked\r\n\r\n4;ext=1\r\n{"a"\r\n5\r\n: 1}\n\r\n0\r\nTrail: x\r\n\r\n'
+    )
+    server = endpoint([chunked, ok(b"{}")])
+    wire = server.wire()
+    answer = wire.post(HEAD, b"{}")
+    assert (answer.status, answer.body) == (400, b'{"a": 1}\n')
+    assert answer.headers["x-amzn-query-error"] == "AWS.X;Sender"
+    assert wire.post(HEAD, b"{}").body == b"{}"  # the connection is still good
+    assert wire.opened == 1
+
+
+def test_a_connection_the_endpoint_closed_while_idle_is_not_used_again(endpoint: Make) -> None:
+    server = endpoint([ok(b"1"), CLOSE, ok(b"2")])
+    wire = server.wire()
+    assert wire.post(HEAD, b"{}").body == b"1"
+    assert server.closed.wait(5)
+    [idle] = wire._idle
+    select.select([idle._sock], [], [], 5)  # its end has reached this side
+    assert wire.post(HEAD, b"{}").body == b"2"  # on a new connection, no fault
+    assert wire.opened == 2 and len(server.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
+    ],
+    ids=["http-1.0", "connection-close"],
+)
+def test_an_answer_that_closes_its_connection_leaves_none_behind(
+    endpoint: Make, answer: bytes
+) -> None:
+    server = endpoint([answer, answer])
+    wire = server.wire()
+    assert wire.post(HEAD, b"{}").body == b"{}"
+    assert wire.post(HEAD, b"{}").body == b"{}"
+    assert wire.opened == 2 and wire._idle == []
+
+
+def test_a_body_that_ends_with_the_connection_is_read_to_its_end(endpoint: Make) -> None:
+    server = endpoint([b'HTTP/1.1 200 OK\r\n\r\n{"x": 1}', CLOSE])
+    wire = server.wire()
+    assert wire.post(HEAD, b"{}").body == b'{"x": 1}'
+    assert wire._idle == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "raised"),
+    [
+        (None, ConnectionClosedError),  # closed without a word
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{}", ConnectionClosedError),  # cut
+        (b"SSH-2.0-OpenSSH\r\n\r\n", HTTPClientError),  # not HTTP
+        (b"HTTP/1.1 2x0 OK\r\n\r\n", HTTPClientError),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", HTTPClientError),
+        (b"HTTP/1.1 100 Continue\r\n\r\n", HTTPClientError),
+    ],
+    ids=["closed", "cut-short", "not-http", "bad-status", "bad-header", "interim"],
+)
+def test_a_broken_answer_is_a_retryable_fault_of_the_way_there(
+    endpoint: Make, answer: bytes | None, raised: type[Exception]
+) -> None:
+    server = endpoint([answer])
+    wire = server.wire()
+    with pytest.raises(raised) as caught:
+        wire.post(HEAD, b"{}")
+    error = translate(caught.value, "ReceiveMessage")
+    assert (error.code, error.retryable) == ("ConnectionError", True)  # type: ignore[attr-defined]
+    assert wire._idle == []  # a connection that failed is not used again
+
+
+def test_an_endpoint_that_does_not_answer_ends_at_the_read_timeout(endpoint: Make) -> None:
+    server = endpoint([STALL])
+    wire = server.wire(read_timeout=0.3)
+    with pytest.raises(ReadTimeoutError):
+        wire.post(HEAD, b"{}")
+    assert wire._idle == []
+
+
+def test_no_endpoint_is_a_connection_error() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+    wire = Wire(
+        f"http://127.0.0.1:{port}/",
+        "127.0.0.1",
+        port,
+        context=None,
+        connect_timeout=1.0,
+        read_timeout=1.0,
+        max_idle=1,
+    )
+    with pytest.raises(EndpointConnectionError):
+        wire.post(HEAD, b"{}")
