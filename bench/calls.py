@@ -8,8 +8,10 @@ client runs in a process of its own, rounds alternating the order; medians:
 - ``botocore, no validation``: the same with ``parameter_validation=False``;
 - ``botocore, no CRT``: ``BOTO_DISABLE_CRT=true`` (botocore signs in Python; with awscrt
   installed, it signs with awscrt's signer);
-- ``lean (urllib3)``: ``transports/lean.py``: orjson, SigV4 with a cached key, sent through
-  botocore's own urllib3 session;
+- ``lean``: ``transports/lean.py``: orjson, SigV4 with a cached key, sent over keep-alive
+  connections of its own (``transports/wire.py``);
+- ``lean, botocore's session``: the same requests sent through botocore's own urllib3
+  session (as the lean client does where a proxy applies, and did before ``wire.py``);
 - ``awscrt``: awscrt's HTTP connection and SigV4 signer (a connection of its own, signing
   and waiting on awscrt's futures), orjson: what the C client would cost;
 - ``SQSTransport lean`` and ``SQSTransport boto3``: the transport's own calls (retry wrapper,
@@ -35,7 +37,8 @@ CLIENTS = [
     "botocore",
     "botocore, no validation",
     "botocore, no CRT",
-    "lean (urllib3)",
+    "lean",
+    "lean, botocore's session",
     "awscrt",
     "SQSTransport boto3",
     "SQSTransport lean",
@@ -74,12 +77,14 @@ def _botocore(url: str, validation: bool = True) -> tuple[Any, Any]:
     return receive, delete
 
 
-def _lean(url: str) -> tuple[Any, Any]:
+def _lean(url: str, session: bool = False) -> tuple[Any, Any]:
     from sqsworker.transports.sqs import SQSTransport
 
     transport = SQSTransport.connect("bench", endpoint_url=url, sqs_client="lean")
     lean, queue = transport.lean, transport.info.url
-    assert lean is not None and lean.ready
+    assert lean is not None and lean.ready and lean.wire is not None
+    if session:
+        lean.wire = None
 
     def receive() -> list[dict[str, Any]]:
         params = {
@@ -178,8 +183,10 @@ def one(client: str, url: str, calls: int) -> dict[str, float]:
         receive, delete = _botocore(url, validation=False)
     elif client == "botocore, no CRT":
         receive, delete = _botocore(url)
-    elif client == "lean (urllib3)":
+    elif client == "lean":
         receive, delete = _lean(url)
+    elif client == "lean, botocore's session":
+        receive, delete = _lean(url, session=True)
     elif client == "awscrt":
         receive, delete = _awscrt(url)
     else:

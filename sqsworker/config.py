@@ -198,8 +198,8 @@ class WorkerConfig:
         default="lean",
         metadata=_option(
             "Client of the hot SQS calls (receive, delete, visibility and send batches): "
-            "lean (signed JSON requests over botocore's HTTP session, credentials and "
-            "endpoint; a third of botocore's CPU) or boto3 (botocore's client for every call).",
+            "lean (signed JSON requests with botocore's credentials, endpoint and TLS "
+            "settings; a tenth of botocore's CPU) or boto3 (botocore's client for every call).",
             str.lower,
             metavar="lean|boto3",
         ),
