@@ -27,6 +27,13 @@ STALL = b"stall"  # an answer: keep the connection, say nothing
 CLOSE = b"close"  # after the answer before it: close the connection
 
 
+class Trickle(bytes):
+    """An answer written a byte at a time, ``gap`` seconds apart (an endpoint that never
+    quite goes silent)."""
+
+    gap = 0.1
+
+
 class Scripted:
     """An endpoint on 127.0.0.1 that answers each request on a connection with the next
     of ``answers`` (bytes to write; None: close the connection instead of answering;
@@ -69,7 +76,13 @@ class Scripted:
                 if answer == STALL:
                     self._released.wait(30)
                     return
-                conn.sendall(answer)
+                if isinstance(answer, Trickle):
+                    for i in range(len(answer)):
+                        conn.sendall(answer[i : i + 1])
+                        if self._released.wait(answer.gap):
+                            return
+                else:
+                    conn.sendall(answer)
                 if self.answers and self.answers[0] == CLOSE:
                     self.answers.pop(0)
                     conn.shutdown(socket.SHUT_RDWR)
@@ -219,3 +232,33 @@ def test_no_endpoint_is_a_connection_error() -> None:
     )
     with pytest.raises(EndpointConnectionError):
         wire.post(HEAD, b"{}")
+
+
+def test_an_answer_longer_than_its_length_is_not_read_as_the_next_request_s(
+    endpoint: Make,
+) -> None:
+    # what follows the first answer's two bytes arrives with them; it answers no request
+    server = endpoint([ok(b"{}") + ok(b'{"stale": 1}'), ok(b'{"fresh": 1}')])
+    wire = server.wire()
+    assert wire.post(HEAD, b"{}").body == b"{}"
+    assert wire.post(HEAD, b"{}").body == b'{"fresh": 1}'
+    assert wire.opened == 2  # the connection holding the leftovers was not used again
+
+
+def test_a_chunk_longer_than_its_size_is_not_read_as_a_whole_body(endpoint: Make) -> None:
+    server = endpoint(
+        [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}}\r\n0\r\n\r\n"]
+    )
+    wire = server.wire()
+    with pytest.raises(HTTPClientError):
+        wire.post(HEAD, b"{}")
+    assert wire._idle == []
+
+
+def test_an_endpoint_that_trickles_its_answer_ends_at_the_read_timeout(endpoint: Make) -> None:
+    # a byte every 0.1 s: no single read waits 0.5 s, the whole answer takes about 4 s
+    server = endpoint([Trickle(ok(b"{}"))])
+    wire = server.wire(read_timeout=0.5)
+    with pytest.raises(ReadTimeoutError):
+        wire.post(HEAD, b"{}")
+    assert wire._idle == []
