@@ -5,9 +5,13 @@ answers that are not HTTP, each a fault botocore would raise for it."""
 from __future__ import annotations
 
 import select
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from botocore.exceptions import (
@@ -15,10 +19,11 @@ from botocore.exceptions import (
     EndpointConnectionError,
     HTTPClientError,
     ReadTimeoutError,
+    SSLError,
 )
 
 from sqsworker.transports.sqs import translate
-from sqsworker.transports.wire import Wire
+from sqsworker.transports.wire import Wire, tls_context
 
 HEAD = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
 
@@ -39,8 +44,9 @@ class Scripted:
     of ``answers`` (bytes to write; None: close the connection instead of answering;
     STALL: never answer; CLOSE, after an answer: close the connection once it is sent)."""
 
-    def __init__(self, answers: list[bytes | None]) -> None:
+    def __init__(self, answers: list[bytes | None], tls: ssl.SSLContext | None = None) -> None:
         self.answers = answers
+        self.tls = tls
         self.requests: list[bytes] = []
         self.connections = 0
         self.closed = threading.Event()  # a connection was closed by CLOSE
@@ -60,6 +66,12 @@ class Scripted:
             threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:  # the client refused the handshake
+                conn.close()
+                return
         with conn, conn.makefile("rb") as reader:
             while self.answers:
                 head = b""
@@ -89,12 +101,12 @@ class Scripted:
                     self.closed.set()
                     return
 
-    def wire(self, read_timeout: float = 5.0) -> Wire:
+    def wire(self, read_timeout: float = 5.0, context: ssl.SSLContext | None = None) -> Wire:
         return Wire(
             f"http://127.0.0.1:{self.port}/",
             "127.0.0.1",
             self.port,
-            context=None,
+            context=context,
             connect_timeout=5.0,
             read_timeout=read_timeout,
             max_idle=4,
@@ -262,3 +274,70 @@ def test_an_endpoint_that_trickles_its_answer_ends_at_the_read_timeout(endpoint:
     with pytest.raises(ReadTimeoutError):
         wire.post(HEAD, b"{}")
     assert wire._idle == []
+
+
+def _certificate(directory: Path, name: str, names: str) -> tuple[str, str]:
+    """A self-signed certificate for ``names`` (subjectAltName's words)."""
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    command = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-addext"]
+    command += [f"subjectAltName={names}", "-subj", f"/CN={name}"]
+    subprocess.run(
+        [*command, "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    return str(cert), str(key)
+
+
+def _serving(cert: str, key: str) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+
+
+@needs_openssl
+def test_tls_connections_are_kept_alive_through_session_tickets(
+    endpoint: Make, tmp_path: Path
+) -> None:
+    # TLS 1.3 endpoints send session tickets after the handshake: read with the first
+    # answer, they must not leave the idle connection looking closed
+    cert, key = _certificate(tmp_path, "endpoint", "IP:127.0.0.1")
+    server = endpoint([ok(b"1"), ok(b"2"), ok(b"3")])
+    server.tls = _serving(cert, key)
+    wire = server.wire(context=tls_context(cert, None, None))
+    assert [wire.post(HEAD, b"{}").body for _ in range(3)] == [b"1", b"2", b"3"]
+    assert wire.opened == 1
+    [idle] = wire._idle
+    assert isinstance(idle._sock, ssl.SSLSocket) and idle._sock.version() == "TLSv1.3"
+
+
+@needs_openssl
+@pytest.mark.parametrize(
+    ("names", "verify"),
+    [("DNS:elsewhere.test", True), ("IP:127.0.0.1", False)],
+    ids=["another-host", "unvouched"],
+)
+def test_a_certificate_for_another_host_or_unvouched_for_is_refused(
+    endpoint: Make, tmp_path: Path, names: str, verify: bool
+) -> None:
+    cert, key = _certificate(tmp_path, "endpoint", names)
+    bundle, _ = _certificate(tmp_path, "other", "IP:127.0.0.1")
+    server = endpoint([ok(b"{}")])
+    server.tls = _serving(cert, key)
+    wire = server.wire(context=tls_context(cert if verify else bundle, None, None))
+    with pytest.raises(SSLError) as caught:
+        wire.post(HEAD, b"{}")
+    assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+    assert translate(caught.value, "ReceiveMessage").retryable  # type: ignore[attr-defined]
+    assert server.requests == []  # nothing was sent
+
+
+@needs_openssl
+def test_verify_false_checks_no_certificate(endpoint: Make, tmp_path: Path) -> None:
+    cert, key = _certificate(tmp_path, "endpoint", "DNS:elsewhere.test")
+    server = endpoint([ok(b"{}")])
+    server.tls = _serving(cert, key)
+    assert server.wire(context=tls_context(False, None, None)).post(HEAD, b"{}").body == b"{}"
