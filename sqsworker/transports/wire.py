@@ -96,6 +96,7 @@ class Wire:
         self._max_idle = max_idle
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
+        self._closed = False  # close() was called: connections back from requests close
         self.opened = 0  # connections made so far
         # a Wire nobody closed closes its idle connections when it goes (as urllib3's pools)
         weakref.finalize(self, _close_all, self._idle)
@@ -118,6 +119,7 @@ class Wire:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             idle = self._idle[:]
             self._idle.clear()
         _close_all(idle)
@@ -134,7 +136,7 @@ class Wire:
 
     def _give_back(self, connection: _Connection) -> None:
         with self._lock:
-            if len(self._idle) < self._max_idle:
+            if not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(connection)
                 return
         connection.close()

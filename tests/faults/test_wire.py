@@ -32,6 +32,10 @@ STALL = b"stall"  # an answer: keep the connection, say nothing
 CLOSE = b"close"  # after the answer before it: close the connection
 
 
+class Held(bytes):
+    """An answer written once the endpoint's ``go`` is set."""
+
+
 class Trickle(bytes):
     """An answer written a byte at a time, ``gap`` seconds apart (an endpoint that never
     quite goes silent)."""
@@ -51,6 +55,7 @@ class Scripted:
         self.connections = 0
         self.closed = threading.Event()  # a connection was closed by CLOSE
         self._released = threading.Event()
+        self.go = threading.Event()  # Held answers may be written
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -87,6 +92,8 @@ class Scripted:
                     return
                 if answer == STALL:
                     self._released.wait(30)
+                    return
+                if isinstance(answer, Held) and not self.go.wait(30):
                     return
                 if isinstance(answer, Trickle):
                     for i in range(len(answer)):
@@ -341,3 +348,20 @@ def test_verify_false_checks_no_certificate(endpoint: Make, tmp_path: Path) -> N
     server = endpoint([ok(b"{}")])
     server.tls = _serving(cert, key)
     assert server.wire(context=tls_context(False, None, None)).post(HEAD, b"{}").body == b"{}"
+
+
+def test_a_connection_back_from_a_request_after_close_is_closed_not_kept(
+    endpoint: Make,
+) -> None:
+    server = endpoint([Held(ok(b"{}"))])
+    wire = server.wire()
+    answers: list[bytes] = []
+    request = threading.Thread(target=lambda: answers.append(wire.post(HEAD, b"{}").body))
+    request.start()
+    while not server.requests:  # the request is on its way back
+        select.select([], [], [], 0.01)
+    wire.close()  # as the transport closes while a receive is out
+    server.go.set()
+    request.join(10)
+    assert answers == [b"{}"]  # the request in flight ends well
+    assert wire._idle == []  # and its connection is not kept by a closed Wire
