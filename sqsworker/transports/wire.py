@@ -166,6 +166,17 @@ class Wire:
         return _Connection(sock, self.url, self._read_timeout)
 
 
+def _readable(sock: socket.socket) -> bool:
+    """Whether ``sock`` has something to read (or its end) now: poll() where there is one,
+    as select() takes no descriptor past 1024 (a process with many files open)."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
+
+
 def _close_all(connections: list[_Connection]) -> None:
     for connection in connections:
         connection.close()
@@ -189,10 +200,9 @@ class _Connection:
         if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
             return False
         try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
+            return not _readable(self._sock)
         except (OSError, ValueError):
             return False
-        return not readable
 
     def send(self, data: bytes) -> None:
         try:

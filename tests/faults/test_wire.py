@@ -365,3 +365,22 @@ def test_a_connection_back_from_a_request_after_close_is_closed_not_kept(
     request.join(10)
     assert answers == [b"{}"]  # the request in flight ends well
     assert wire._idle == []  # and its connection is not kept by a closed Wire
+
+
+def test_a_connection_past_select_s_1024_descriptors_is_kept_alive(endpoint: Make) -> None:
+    # a process with many files open (an executor, a worker with many queues): the
+    # connection's descriptor is past what select() takes; it is still checked and kept
+    resource = pytest.importorskip("resource")
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1100:
+        pytest.skip("needs 1100 open files")
+    held = [socket.socket() for _ in range(1030)]
+    try:
+        server = endpoint([ok(b"1"), ok(b"2")])
+        wire = server.wire()
+        assert wire.post(HEAD, b"{}").body == b"1"
+        assert wire._idle[0]._sock.fileno() >= 1024
+        assert wire.post(HEAD, b"{}").body == b"2"
+        assert wire.opened == 1
+    finally:
+        for sock in held:
+            sock.close()
