@@ -13,7 +13,9 @@ client's ``verify``: its CA bundle, ``AWS_CA_BUNDLE``, or none), the host name c
 a client certificate, the connect and read timeouts, and the exceptions a fault
 raises (``EndpointConnectionError``, ``ConnectTimeoutError``, ``ReadTimeoutError``,
 ``ConnectionClosedError``, ``SSLError``), so ``translate()`` maps them as it maps
-botocore's. A proxy is not handled here: the lean client sends through botocore's
+botocore's. One thing is stricter than botocore: the read timeout bounds a whole answer,
+not each read of it, so an endpoint trickling a byte now and then cannot hold a request
+past it. A proxy is not handled here: the lean client sends through botocore's
 session when one applies.
 """
 
