@@ -13,17 +13,21 @@ client's ``verify``: its CA bundle, ``AWS_CA_BUNDLE``, or none), the host name c
 a client certificate, the connect and read timeouts, and the exceptions a fault
 raises (``EndpointConnectionError``, ``ConnectTimeoutError``, ``ReadTimeoutError``,
 ``ConnectionClosedError``, ``SSLError``), so ``translate()`` maps them as it maps
-botocore's. A proxy is not handled here: the lean client sends through botocore's
+botocore's. One thing is stricter than botocore: the read timeout bounds a whole answer,
+not each read of it, so an endpoint trickling a byte now and then cannot hold a request
+past it. A proxy is not handled here: the lean client sends through botocore's
 session when one applies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
 import ssl
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -39,6 +43,7 @@ from botocore.httpsession import create_urllib3_context, get_cert_path
 
 _LINE_MOST = 65_536  # bytes in a status or header line
 _HEADERS_MOST = 100  # header lines in an answer
+_READ_SIZE = 65_536  # bytes asked of the socket at a time
 
 
 class Answer:
@@ -93,6 +98,7 @@ class Wire:
         self._max_idle = max_idle
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
+        self._closed = False  # close() was called: connections back from requests close
         self.opened = 0  # connections made so far
         # a Wire nobody closed closes its idle connections when it goes (as urllib3's pools)
         weakref.finalize(self, _close_all, self._idle)
@@ -115,6 +121,7 @@ class Wire:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             idle = self._idle[:]
             self._idle.clear()
         _close_all(idle)
@@ -131,7 +138,7 @@ class Wire:
 
     def _give_back(self, connection: _Connection) -> None:
         with self._lock:
-            if len(self._idle) < self._max_idle:
+            if not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(connection)
                 return
         connection.close()
@@ -156,10 +163,20 @@ class Wire:
         except OSError as exc:
             sock.close()
             raise EndpointConnectionError(endpoint_url=self.url, error=exc) from None
-        sock.settimeout(self._read_timeout)
         with self._lock:
             self.opened += 1
-        return _Connection(sock, self.url)
+        return _Connection(sock, self.url, self._read_timeout)
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether ``sock`` has something to read (or its end) now: poll() where there is one,
+    as select() takes no descriptor past 1024 (a process with many files open)."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
 
 
 def _close_all(connections: list[_Connection]) -> None:
@@ -168,24 +185,30 @@ def _close_all(connections: list[_Connection]) -> None:
 
 
 class _Connection:
-    def __init__(self, sock: socket.socket, url: str) -> None:
+    """One socket, and what was read from it beyond the line or body asked for."""
+
+    def __init__(self, sock: socket.socket, url: str, read_timeout: float | None) -> None:
         self._sock = sock
-        self._reader = sock.makefile("rb")
         self._url = url
+        self._read_timeout = read_timeout
+        self._buffer = bytearray()  # read from the socket, not yet taken
+        self._deadline: float | None = None  # the answer must be whole by then
 
     def usable(self) -> bool:
         """Nothing to read while idle: an idle connection readable was closed by the
         endpoint (or sent what no request asked for)."""
+        if self._buffer:
+            return False
         if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
             return False
         try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
+            return not _readable(self._sock)
         except (OSError, ValueError):
             return False
-        return not readable
 
     def send(self, data: bytes) -> None:
         try:
+            self._sock.settimeout(self._read_timeout)
             self._sock.sendall(data)
         except TimeoutError as exc:
             raise ReadTimeoutError(endpoint_url=self._url, error=exc) from None
@@ -193,15 +216,21 @@ class _Connection:
             raise ConnectionClosedError(endpoint_url=self._url, error=exc) from None
 
     def answer(self) -> tuple[Answer, bool]:
-        """The answer, and whether the connection may carry another request."""
+        """The answer, and whether the connection may carry another request. The read
+        timeout bounds the whole answer, not each read: an endpoint sending a byte now and
+        then does not keep a request waiting past it."""
+        if self._read_timeout is not None:
+            self._deadline = time.monotonic() + self._read_timeout
         try:
-            return self._read()
+            answer, keep = self._read()
         except TimeoutError as exc:
             raise ReadTimeoutError(endpoint_url=self._url, error=exc) from None
         except ssl.SSLError as exc:
             raise SSLError(endpoint_url=self._url, error=exc) from None
         except OSError as exc:
             raise ConnectionClosedError(endpoint_url=self._url, error=exc) from None
+        # bytes after the answer answer no request: the connection carries no other
+        return answer, keep and not self._buffer
 
     def _read(self) -> tuple[Answer, bool]:
         line = self._line()
@@ -235,47 +264,87 @@ class _Connection:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             body = self._chunked()
         elif "content-length" in headers:
-            try:
-                length = int(headers["content-length"])
-            except ValueError:
-                raise self._garbled(f"Content-Length {headers['content-length']!r}") from None
-            body = self._reader.read(length)
-            if len(body) != length:
-                raise ConnectionClosedError(endpoint_url=self._url)
+            text = headers["content-length"]
+            if not text.isdigit():
+                raise self._garbled(f"Content-Length {text!r}")
+            body = self._exactly(int(text))
         else:  # the body ends where the connection does
-            body, keep = self._reader.read(), False
+            body, keep = self._rest(), False
         return Answer(status, headers, body), keep
 
     def _chunked(self) -> bytes:
         parts: list[bytes] = []
         while True:
             size_line = self._line()
+            if not size_line:
+                raise ConnectionClosedError(endpoint_url=self._url)
             try:
                 size = int(size_line.split(b";", 1)[0].strip(), 16)
             except ValueError:
-                raise self._garbled(f"a chunk size {size_line[:100]!r}") from None
+                size = -1
+            if size < 0:
+                raise self._garbled(f"a chunk size {size_line[:100]!r}")
             if size == 0:
                 while self._line() not in (b"\r\n", b"\n", b""):  # trailers
                     pass
                 return b"".join(parts)
-            chunk = self._reader.read(size)
-            if len(chunk) != size:
-                raise ConnectionClosedError(endpoint_url=self._url)
-            parts.append(chunk)
-            self._line()  # the chunk's CRLF
+            chunk = self._exactly(size + 2)
+            if not chunk.endswith(b"\r\n"):  # more (or less) than the chunk's size said
+                raise self._garbled(f"a chunk of {size} bytes followed by {chunk[size:]!r}")
+            parts.append(chunk[:size])
+
+    def _fill(self) -> bool:
+        """Read what the socket has (waiting at most until the deadline) into the buffer;
+        False at the end of the connection."""
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no whole answer within {self._read_timeout} s")
+            self._sock.settimeout(left)
+        data = self._sock.recv(_READ_SIZE)
+        if not data:
+            return False
+        self._buffer += data
+        return True
 
     def _line(self) -> bytes:
-        line = self._reader.readline(_LINE_MOST + 1)
-        if len(line) > _LINE_MOST:
-            raise self._garbled("a line longer than 64 KiB")
-        return line
+        """The next line with its end; what is left if the connection ends first."""
+        buffer, start = self._buffer, 0
+        while True:
+            end = buffer.find(b"\n", start)
+            if end >= 0:
+                if end >= _LINE_MOST:
+                    break
+                line = bytes(buffer[: end + 1])
+                del buffer[: end + 1]
+                return line
+            if len(buffer) > _LINE_MOST:
+                break
+            start = len(buffer)
+            if not self._fill():
+                line = bytes(buffer)
+                buffer.clear()
+                return line
+        raise self._garbled("a line longer than 64 KiB")
+
+    def _exactly(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            if not self._fill():
+                raise ConnectionClosedError(endpoint_url=self._url)
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    def _rest(self) -> bytes:
+        while self._fill():
+            pass
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
 
     def _garbled(self, what: str) -> HTTPClientError:
         return HTTPClientError(error=ValueError(f"{what} from {self._url} is not HTTP/1.1"))
 
     def close(self) -> None:
-        try:
-            self._reader.close()
+        with contextlib.suppress(OSError):
             self._sock.close()
-        except OSError:
-            pass

@@ -36,6 +36,9 @@ class Faults:
     unavailable: float = 0.0  # share answered 503 ServiceUnavailable, not forwarded
     bad_gateway: float = 0.0  # share answered 502 with a load balancer's HTML page
     garbled: float = 0.0  # share answered 200 with an HTML page (a captive portal), not forwarded
+    # share answered 400 as SQS refuses a queue it does not know: the JSON error's
+    # __type and the query protocol's code in the x-amzn-query-error header (which wins)
+    query_error: float = 0.0
     # SendMessageBatch: a share of entries kept from the upstream and answered Failed with
     # InternalError (a passing fault: sent again, they go), and entries whose body holds
     # ``refuse`` answered Failed with InvalidMessageContents (the sender's fault: never go).
@@ -122,6 +125,10 @@ class FaultProxy:
         if fault == "unavailable":
             self._count(fault)
             return _answer(request, 503, "ServiceUnavailable", "Service is unavailable")
+        if fault == "query_error":
+            self._count(fault)
+            query = "AWS.SimpleQueueService.NonExistentQueue;Sender"
+            return _answer(request, 400, "QueueDoesNotExist", "No such queue", query)
         if fault in ("bad_gateway", "garbled"):
             self._count(fault)
             page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
@@ -230,10 +237,14 @@ def _add_failed(answer: bytes, failed: list[dict[str, Any]]) -> bytes:
     return json.dumps(result).encode()
 
 
-def _answer(request: BaseHTTPRequestHandler, status: int, code: str, text: str) -> None:
+def _answer(
+    request: BaseHTTPRequestHandler, status: int, code: str, text: str, query: str = ""
+) -> None:
     body = f'{{"__type": "com.amazonaws.sqs#{code}", "message": "{text}"}}'.encode()
     request.send_response_only(status)
     request.send_header("Content-Type", "application/x-amz-json-1.0")
+    if query:
+        request.send_header("x-amzn-query-error", query)
     request.send_header("Content-Length", str(len(body)))
     request.end_headers()
     request.wfile.write(body)
@@ -242,7 +253,15 @@ def _answer(request: BaseHTTPRequestHandler, status: int, code: str, text: str) 
 def _pick(faults: Faults, draw: float) -> str:
     """The fault a draw in [0, 1) lands on, each taking its share of the interval."""
     edge = 0.0
-    for fault in ("throttle", "unavailable", "stall", "reset", "bad_gateway", "garbled"):
+    for fault in (
+        "throttle",
+        "unavailable",
+        "stall",
+        "reset",
+        "bad_gateway",
+        "garbled",
+        "query_error",
+    ):
         edge += getattr(faults, fault)
         if draw < edge:
             return fault

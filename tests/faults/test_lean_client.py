@@ -76,6 +76,26 @@ def test_a_fault_leaves_each_hot_call_as_the_same_error_on_both_clients(
     assert proxy.injected[fault] == 2 * len(CALLS)
 
 
+def test_a_query_error_header_names_the_code_alike_on_both_clients(
+    local_sqs: LocalSQS, proxy: FaultProxy
+) -> None:
+    """SQS's refusals carry the query protocol's code in x-amzn-query-error: botocore's
+    parser takes it over the JSON's __type, from the lean client's headers as from its own
+    (a header the endpoint spells in any case), and the connection carries the next call."""
+    queue = unique("lean-query-error")
+    local_sqs.create_queue(queue, max_receive_count=None)
+    transports = {c: connect(queue, proxy.url, c) for c in CLIENTS}
+    proxy.set(query_error=1.0)
+    for action, call in CALLS.items():
+        seen = {client: outcome(transports[client], call) for client in CLIENTS}
+        assert seen["lean"] == seen["boto3"], (action, seen)
+        assert seen["lean"] == ("TransportError", "NonExistentQueue", False), (action, seen)
+    proxy.set()
+    assert outcome(transports["lean"], CALLS["ReceiveMessage"]) == ("ok", "", False)
+    lean = transports["lean"].lean
+    assert lean is not None and lean.wire is not None and lean.wire.opened == 1
+
+
 def test_refusals_leave_each_hot_call_as_the_same_error_on_both_clients(
     local_sqs: LocalSQS, proxy: FaultProxy
 ) -> None:

@@ -5,9 +5,13 @@ answers that are not HTTP, each a fault botocore would raise for it."""
 from __future__ import annotations
 
 import select
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from botocore.exceptions import (
@@ -15,10 +19,11 @@ from botocore.exceptions import (
     EndpointConnectionError,
     HTTPClientError,
     ReadTimeoutError,
+    SSLError,
 )
 
 from sqsworker.transports.sqs import translate
-from sqsworker.transports.wire import Wire
+from sqsworker.transports.wire import Wire, tls_context
 
 HEAD = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
 
@@ -27,17 +32,30 @@ STALL = b"stall"  # an answer: keep the connection, say nothing
 CLOSE = b"close"  # after the answer before it: close the connection
 
 
+class Held(bytes):
+    """An answer written once the endpoint's ``go`` is set."""
+
+
+class Trickle(bytes):
+    """An answer written a byte at a time, ``gap`` seconds apart (an endpoint that never
+    quite goes silent)."""
+
+    gap = 0.1
+
+
 class Scripted:
     """An endpoint on 127.0.0.1 that answers each request on a connection with the next
     of ``answers`` (bytes to write; None: close the connection instead of answering;
     STALL: never answer; CLOSE, after an answer: close the connection once it is sent)."""
 
-    def __init__(self, answers: list[bytes | None]) -> None:
+    def __init__(self, answers: list[bytes | None], tls: ssl.SSLContext | None = None) -> None:
         self.answers = answers
+        self.tls = tls
         self.requests: list[bytes] = []
         self.connections = 0
         self.closed = threading.Event()  # a connection was closed by CLOSE
         self._released = threading.Event()
+        self.go = threading.Event()  # Held answers may be written
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -53,6 +71,12 @@ class Scripted:
             threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:  # the client refused the handshake
+                conn.close()
+                return
         with conn, conn.makefile("rb") as reader:
             while self.answers:
                 head = b""
@@ -69,19 +93,27 @@ class Scripted:
                 if answer == STALL:
                     self._released.wait(30)
                     return
-                conn.sendall(answer)
+                if isinstance(answer, Held) and not self.go.wait(30):
+                    return
+                if isinstance(answer, Trickle):
+                    for i in range(len(answer)):
+                        conn.sendall(answer[i : i + 1])
+                        if self._released.wait(answer.gap):
+                            return
+                else:
+                    conn.sendall(answer)
                 if self.answers and self.answers[0] == CLOSE:
                     self.answers.pop(0)
                     conn.shutdown(socket.SHUT_RDWR)
                     self.closed.set()
                     return
 
-    def wire(self, read_timeout: float = 5.0) -> Wire:
+    def wire(self, read_timeout: float = 5.0, context: ssl.SSLContext | None = None) -> Wire:
         return Wire(
             f"http://127.0.0.1:{self.port}/",
             "127.0.0.1",
             self.port,
-            context=None,
+            context=context,
             connect_timeout=5.0,
             read_timeout=read_timeout,
             max_idle=4,
@@ -219,3 +251,136 @@ def test_no_endpoint_is_a_connection_error() -> None:
     )
     with pytest.raises(EndpointConnectionError):
         wire.post(HEAD, b"{}")
+
+
+def test_an_answer_longer_than_its_length_is_not_read_as_the_next_request_s(
+    endpoint: Make,
+) -> None:
+    # what follows the first answer's two bytes arrives with them; it answers no request
+    server = endpoint([ok(b"{}") + ok(b'{"stale": 1}'), ok(b'{"fresh": 1}')])
+    wire = server.wire()
+    assert wire.post(HEAD, b"{}").body == b"{}"
+    assert wire.post(HEAD, b"{}").body == b'{"fresh": 1}'
+    assert wire.opened == 2  # the connection holding the leftovers was not used again
+
+
+def test_a_chunk_longer_than_its_size_is_not_read_as_a_whole_body(endpoint: Make) -> None:
+    server = endpoint(
+        [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}}\r\n0\r\n\r\n"]
+    )
+    wire = server.wire()
+    with pytest.raises(HTTPClientError):
+        wire.post(HEAD, b"{}")
+    assert wire._idle == []
+
+
+def test_an_endpoint_that_trickles_its_answer_ends_at_the_read_timeout(endpoint: Make) -> None:
+    # a byte every 0.1 s: no single read waits 0.5 s, the whole answer takes about 4 s
+    server = endpoint([Trickle(ok(b"{}"))])
+    wire = server.wire(read_timeout=0.5)
+    with pytest.raises(ReadTimeoutError):
+        wire.post(HEAD, b"{}")
+    assert wire._idle == []
+
+
+def _certificate(directory: Path, name: str, names: str) -> tuple[str, str]:
+    """A self-signed certificate for ``names`` (subjectAltName's words)."""
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    command = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-addext"]
+    command += [f"subjectAltName={names}", "-subj", f"/CN={name}"]
+    subprocess.run(
+        [*command, "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    return str(cert), str(key)
+
+
+def _serving(cert: str, key: str) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+
+
+@needs_openssl
+def test_tls_connections_are_kept_alive_through_session_tickets(
+    endpoint: Make, tmp_path: Path
+) -> None:
+    # TLS 1.3 endpoints send session tickets after the handshake: read with the first
+    # answer, they must not leave the idle connection looking closed
+    cert, key = _certificate(tmp_path, "endpoint", "IP:127.0.0.1")
+    server = endpoint([ok(b"1"), ok(b"2"), ok(b"3")])
+    server.tls = _serving(cert, key)
+    wire = server.wire(context=tls_context(cert, None, None))
+    assert [wire.post(HEAD, b"{}").body for _ in range(3)] == [b"1", b"2", b"3"]
+    assert wire.opened == 1
+    [idle] = wire._idle
+    assert isinstance(idle._sock, ssl.SSLSocket) and idle._sock.version() == "TLSv1.3"
+
+
+@needs_openssl
+@pytest.mark.parametrize(
+    ("names", "verify"),
+    [("DNS:elsewhere.test", True), ("IP:127.0.0.1", False)],
+    ids=["another-host", "unvouched"],
+)
+def test_a_certificate_for_another_host_or_unvouched_for_is_refused(
+    endpoint: Make, tmp_path: Path, names: str, verify: bool
+) -> None:
+    cert, key = _certificate(tmp_path, "endpoint", names)
+    bundle, _ = _certificate(tmp_path, "other", "IP:127.0.0.1")
+    server = endpoint([ok(b"{}")])
+    server.tls = _serving(cert, key)
+    wire = server.wire(context=tls_context(cert if verify else bundle, None, None))
+    with pytest.raises(SSLError) as caught:
+        wire.post(HEAD, b"{}")
+    assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+    assert translate(caught.value, "ReceiveMessage").retryable  # type: ignore[attr-defined]
+    assert server.requests == []  # nothing was sent
+
+
+@needs_openssl
+def test_verify_false_checks_no_certificate(endpoint: Make, tmp_path: Path) -> None:
+    cert, key = _certificate(tmp_path, "endpoint", "DNS:elsewhere.test")
+    server = endpoint([ok(b"{}")])
+    server.tls = _serving(cert, key)
+    assert server.wire(context=tls_context(False, None, None)).post(HEAD, b"{}").body == b"{}"
+
+
+def test_a_connection_back_from_a_request_after_close_is_closed_not_kept(
+    endpoint: Make,
+) -> None:
+    server = endpoint([Held(ok(b"{}"))])
+    wire = server.wire()
+    answers: list[bytes] = []
+    request = threading.Thread(target=lambda: answers.append(wire.post(HEAD, b"{}").body))
+    request.start()
+    while not server.requests:  # the request is on its way back
+        select.select([], [], [], 0.01)
+    wire.close()  # as the transport closes while a receive is out
+    server.go.set()
+    request.join(10)
+    assert answers == [b"{}"]  # the request in flight ends well
+    assert wire._idle == []  # and its connection is not kept by a closed Wire
+
+
+def test_a_connection_past_select_s_1024_descriptors_is_kept_alive(endpoint: Make) -> None:
+    # a process with many files open (an executor, a worker with many queues): the
+    # connection's descriptor is past what select() takes; it is still checked and kept
+    resource = pytest.importorskip("resource")
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1100:
+        pytest.skip("needs 1100 open files")
+    held = [socket.socket() for _ in range(1030)]
+    try:
+        server = endpoint([ok(b"1"), ok(b"2")])
+        wire = server.wire()
+        assert wire.post(HEAD, b"{}").body == b"1"
+        assert wire._idle[0]._sock.fileno() >= 1024
+        assert wire.post(HEAD, b"{}").body == b"2"
+        assert wire.opened == 1
+    finally:
+        for sock in held:
+            sock.close()
