@@ -199,7 +199,7 @@ class WorkerConfig:
         metadata=_option(
             "Client of the hot SQS calls (receive, delete, visibility and send batches): "
             "lean (signed JSON requests with botocore's credentials, endpoint and TLS "
-            "settings; a tenth of botocore's CPU) or boto3 (botocore's client for every call).",
+            "settings; a sixth of botocore's CPU) or boto3 (botocore's client for every call).",
             str.lower,
             metavar="lean|boto3",
         ),
