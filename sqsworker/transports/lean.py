@@ -39,13 +39,14 @@ import hashlib
 import hmac
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, cast
 from urllib.parse import urlsplit
 
 import botocore
 import orjson
-from botocore.awsrequest import AWSPreparedRequest
+from botocore.awsrequest import AWSPreparedRequest, AWSResponse
+from botocore.compat import HTTPHeaders
 from botocore.exceptions import (
     ClientError,
     HTTPClientError,
@@ -171,6 +172,29 @@ class LeanSQS:
     def ready(self) -> bool:
         return self._signer is not None
 
+    def prime(self) -> None:
+        """Learn where and how to send without sending: botocore resolves and signs a
+        request (``GetQueueUrl``), and a ``before-send`` handler answers it in its place
+        (botocore takes the first answer a handler gives). A copy of a transport in
+        another process (a Spark task) thus makes its first calls lean, with no request
+        spent and no connection of botocore's opened. On any failure (no credentials to
+        sign with, say) the lean client learns from botocore's first call, as before."""
+        if self.ready:
+            return
+
+        def answer(request: Any, **kwargs: Any) -> AWSResponse:
+            self._learn(request)
+            return AWSResponse(request.url, 200, HTTPHeaders(), _Canned(b"{}"))
+
+        event, key = "before-send.sqs.GetQueueUrl", f"sqsworker-prime-{id(self)}"
+        self._client.meta.events.register_first(event, answer, unique_id=key)
+        try:
+            self._client.get_queue_url(QueueName="sqsworker-prime")
+        except Exception:  # learnt from the first real call instead
+            pass
+        finally:
+            self._client.meta.events.unregister(event, unique_id=key)
+
     def call(self, action: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """``action`` with ``params`` (botocore's shapes); returns what botocore would,
         without its ``ResponseMetadata``. Raises botocore's exceptions."""
@@ -244,6 +268,16 @@ class LeanSQS:
         code = error_info.get("QueryErrorCode") or error_info.get("Code")
         error: type[ClientError] = self._client.exceptions.from_code(code)
         raise error(parsed, action)
+
+
+class _Canned:
+    """The raw body of an answer no endpoint gave (``prime``)."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **kwargs: Any) -> Iterator[bytes]:
+        yield self._body
 
 
 def _wire(http: Any, url: str) -> Wire:

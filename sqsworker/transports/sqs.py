@@ -170,9 +170,12 @@ class SQSTransport:
         ``max_connections``: at least the calls the caller has under way at once (a call
         beyond the pool opens a connection of its own and closes it after).
 
-        The lean client starts on botocore's, and takes the hot calls over from the first
-        request botocore sends (it learns the endpoint and the signing scope from it)."""
+        The lean client learns the endpoint and the signing scope from a request botocore
+        resolves and signs but does not send (``LeanSQS.prime``): the first calls are
+        lean, and spend no request."""
         client, lean = _client(endpoint_url, region, max_connections, sqs_client)
+        if lean is not None:
+            lean.prime()
         return cls(client, info, lean=lean)
 
     def _bind(self, queue: str, *, owns_client: bool) -> SQSTransport:

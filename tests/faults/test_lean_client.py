@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sqsworker.errors import TransportError
+from sqsworker.errors import CredentialsError, TransportError
 from sqsworker.local import LocalSQS
 from sqsworker.transports import OutgoingMessage
 from sqsworker.transports.sqs import SQSTransport
@@ -158,23 +158,24 @@ def test_refreshed_credentials_sign_the_next_request(
     assert f"KEY{used}" in proxy.access_keys
 
 
-def test_the_lean_client_takes_over_after_botocores_first_request(
+def test_a_reopened_transport_sends_and_receives_lean(
     local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A transport reopened without a call (a copy in another process) starts on botocore's
-    client and learns the endpoint and the signing scope from its first request."""
+    """A transport reopened without a call (a copy in another process) is lean at once:
+    what it sends it receives."""
     for key, value in local_sqs.env().items():
         monkeypatch.setenv(key, value)
     queue = unique("lean-reopen")
     local_sqs.create_queue(queue, max_receive_count=None)
     info = SQSTransport.connect(queue, endpoint_url=local_sqs.endpoint_url).info
     copy = SQSTransport.reopen(info, endpoint_url=local_sqs.endpoint_url)
-    assert copy.lean is not None and not copy.lean.ready
+    assert copy.lean is not None and copy.lean.ready
     copy.send_batch([OutgoingMessage("one")])
-    assert copy.lean.ready
     copy.send_batch([OutgoingMessage("two")])
     bodies = sorted(m.body for m in copy.receive(10, 1, 30))
     assert bodies == ["one", "two"], json.dumps(bodies)
+    assert copy.requests == {"SendMessageBatch": 2, "ReceiveMessage": 1}
+    copy.close()
 
 
 def test_a_garbled_answer_is_a_retryable_fault_on_the_lean_client(
@@ -236,3 +237,34 @@ def test_the_worker_uses_the_client_its_sqs_client_option_names(
     finally:
         worker.request_stop()
         assert worker.shutdown() == 0
+
+
+def test_a_reopened_transport_is_lean_from_its_first_call_without_a_request_of_its_own(
+    local_sqs: LocalSQS, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy of a transport in another process (a Spark task) learns where and how to send
+    from a request botocore signs but does not send: no request, and its first receive
+    goes out lean, on a connection of its own."""
+    queue = unique("lean-reopened")
+    local_sqs.create_queue(queue, max_receive_count=None)
+    info = connect(queue, local_sqs.endpoint_url, "lean").info
+    seen: list[str] = []
+    proxy.watch = lambda target, *_: seen.append(target)
+    transport = SQSTransport.reopen(info, endpoint_url=proxy.url)
+    assert transport.lean is not None and transport.lean.ready and seen == []
+    assert transport.receive(10, 0, 30) == []
+    assert seen == ["AmazonSQS.ReceiveMessage"]
+    assert transport.lean.wire is not None and transport.lean.wire.opened == 1
+    transport.close()
+    # without credentials to sign with, nothing is learnt: the first call says so
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    unsigned = SQSTransport.reopen(info, endpoint_url=proxy.url)
+    assert unsigned.lean is not None and not unsigned.lean.ready
+    with pytest.raises(CredentialsError):
+        unsigned.receive(10, 0, 30)
+    assert seen == ["AmazonSQS.ReceiveMessage"]
+    unsigned.close()
