@@ -321,7 +321,8 @@ def _run(
 def print_runs(runs: list[SourceRun]) -> None:
     print(
         f"  {'ms':>4}{'parts':>6}{'flight':>7}{'msg/s':>8}{'running':>9}{'batches':>8}"
-        f"{'SQS/msg':>8}{'S3/msg':>8}{'drv cpu':>8}{'exe cpu':>8}{'drv py':>7}{'start s':>8}"
+        f"{'SQS/msg':>8}{'S3/msg':>8}{'drv cpu':>8}{'exe cpu':>8}{'drv py':>7}{'srv cpu':>8}"
+        f"{'start s':>8}"
         f"{'commit+look':>12}{'read+sink':>10}  requests"
     )
     for run in runs:

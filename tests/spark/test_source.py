@@ -127,7 +127,9 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
     # The SQS server in a process of its own (`sqsworker local`), as SQS is: moto in
     # this process would share its interpreter with the test's own polling and Spark's
     # callbacks, and answer renewals late on a busy machine.
-    server = local("--queue", "orders")
+    # The other consumer receives what the query has not read yet ten times a second:
+    # with the default maxReceiveCount (3) SQS would move those to the dead-letter queue.
+    server = local("--max-receive-count", "1000", "--queue", "orders")
     exports = server.__enter__()
     queue = SQSTransport.connect("orders", endpoint_url=exports["AWS_ENDPOINT_URL_SQS"])
     # Hundreds in one partition: 60 renewal calls a second at a 2 s timeout.
