@@ -12,7 +12,8 @@ from botocore everything that must stay exactly right:
   profiles, SSO, web identity, ECS and EC2 roles), frozen afresh for every request,
   so refreshable ones are refreshed as botocore would;
 - the endpoint, the signing region and the service name: taken from a request botocore
-  itself signed and sent (``learn()``, the queue check at start), so ``--endpoint-url``,
+  itself resolved and signed (``_learn()``: the queue check at start, or ``prime()``'s
+  request that is answered in place of sending it), so ``--endpoint-url``,
   ``AWS_ENDPOINT_URL_SQS``, FIPS and dual-stack resolve as botocore resolves them;
 - the HTTP session's settings: requests go over keep-alive connections of ``Wire``
   (transports/wire.py) with the TLS context, the certificates checked (its CA bundle,
