@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import structlog
 from prometheus_client import CollectorRegistry
 
-from . import config, logs, tracing
+from . import config, log_output, logs, tracing
 from .errors import ConfigError, StartupError
 from .events import Observer, Observers, Tally
 from .exits import EXIT_STARTUP, EXIT_USAGE, Signals, fail
@@ -253,6 +253,7 @@ def run(
         if server:
             server.stop()
         tracing.shutdown()  # the spans still buffered go out before the process ends
+        log_output.flush()  # the lines still gathered too
         if abandoned is not None:
             sys.stdout.flush()
             sys.stderr.flush()

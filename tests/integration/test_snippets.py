@@ -65,7 +65,7 @@ COVERED: dict[str, dict[str, list[tuple[str, str]]]] = {
         ],
         "test_a_handlers_log_line_is_the_one_the_page_shows": [
             ("docs/observability.md", "def process("),
-            ("docs/observability.md", '"event": "charging the card"'),  # checked: the line
+            ("docs/observability.md", '"event":"charging the card"'),  # checked: the line
         ],
         "test_a_key_from_the_body_suppresses_the_second_payment": [
             ("docs/idempotency.md", "idempotency_key=lambda"),
@@ -414,7 +414,7 @@ def test_a_handlers_log_line_is_the_one_the_page_shows(tmp_path: Path) -> None:
     """docs/observability.md: the handler as written logs the JSON line the page shows,
     with the message's own fields (only the id and the time differ)."""
     (tmp_path / "app.py").write_text(snippet("docs/observability.md", "def process(").text)
-    shown = json.loads(snippet("docs/observability.md", '"event": "charging the card"').text)
+    shown = json.loads(snippet("docs/observability.md", '"event":"charging the card"').text)
     with fresh_sqs("orders") as exports:
         env = shell_env(exports)
         message_id = send(env, "orders", '{"id": 1}')

@@ -10,9 +10,19 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
+from sqsworker import log_output
 from sqsworker.clock import FakeClock
 from sqsworker.logs import configure
 from sqsworker.metrics import Metrics
+
+
+class LogStream(io.StringIO):
+    """Where the log lines go in a test: reading it writes out the lines still gathered
+    (an INFO line reaches the stream within 0.05 s, from a thread of its own)."""
+
+    def getvalue(self) -> str:
+        log_output.flush()
+        return super().getvalue()
 
 
 @pytest.fixture
@@ -23,7 +33,7 @@ def metrics(clock: FakeClock) -> Metrics:
 @pytest.fixture
 def json_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
     """Every log line the process writes, as JSON, in a string."""
-    stream = io.StringIO()
+    stream = LogStream()
     monkeypatch.setattr("sys.stderr", stream)
     configure("info", "json")
     yield stream

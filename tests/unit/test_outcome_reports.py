@@ -29,7 +29,7 @@ from sqsworker.transports import OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS
 
 from ..conftest import wait_until
-from .conftest import sample
+from .conftest import LogStream, sample
 from .helpers import Gate, Rig
 
 
@@ -209,7 +209,7 @@ def test_a_syntax_error_names_the_users_file_not_the_importer(
 def test_console_tracebacks_show_no_local_variables(
     memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stream = io.StringIO()
+    stream = LogStream()
     monkeypatch.setattr("sys.stderr", stream)
     configure("info", "console")
     try:
@@ -235,7 +235,7 @@ def test_a_console_shows_a_failure_in_one_line_and_only_the_handlers_frames_at_t
 ) -> None:
     """`make demo` read two 40-line tracebacks, most of them the worker's own frames, and
     an idempotency_key= on every line that only repeated the message id."""
-    stream = io.StringIO()
+    stream = LogStream()
     monkeypatch.setattr("sys.stderr", stream)
     configure("info", "console")
     try:

@@ -1,0 +1,148 @@
+"""The log lines' way out: INFO lines gathered and written by a thread of their own, in
+one write; WARNING and above at once, after what gathered before them; nothing lost at
+exit, nor a thread to a broken stream."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import structlog
+
+from sqsworker import log_output
+from sqsworker.log_output import LogOutput
+from sqsworker.logs import configure
+
+from ..conftest import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Recording(io.StringIO):
+    """A stream that keeps each write apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if self.broken:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_info_lines_go_out_together_in_order_from_the_writer_thread() -> None:
+    stream = Recording()
+    output = LogOutput(stream, interval=0.05)
+    for i in range(100):
+        output.later(f"line {i}")
+    wait_until(lambda: stream.getvalue().count("\n") == 100, what="the lines written")
+    assert stream.getvalue() == "".join(f"line {i}\n" for i in range(100))
+    assert len(stream.writes) <= 2  # gathered: one write (two if the writer woke mid-way)
+
+
+def test_a_warning_is_written_at_once_after_the_lines_gathered_before_it() -> None:
+    stream = Recording()
+    output = LogOutput(stream, interval=60)  # the writer thread would wait a minute
+    output.later("first")
+    output.later("second")
+    output.now("a warning")
+    assert stream.getvalue() == "first\nsecond\na warning\n"  # nothing waited
+    output.later("third")
+    assert stream.getvalue() == "first\nsecond\na warning\n"
+    output.flush()
+    assert stream.getvalue().endswith("a warning\nthird\n")
+
+
+def test_lines_of_many_threads_are_each_written_once_in_each_threads_order() -> None:
+    stream = Recording()
+    output = LogOutput(stream, interval=0.001)
+
+    def log(name: str) -> None:
+        for i in range(500):
+            if i % 100 == 99:
+                output.now(f"{name} {i}")
+            else:
+                output.later(f"{name} {i}")
+
+    threads = [threading.Thread(target=log, args=(f"t{n}",)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    output.flush()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 8 * 500
+    for n in range(8):
+        own = [int(line.split()[1]) for line in lines if line.startswith(f"t{n} ")]
+        assert own == list(range(500))
+
+
+def test_a_broken_stream_loses_its_lines_not_the_writer_thread() -> None:
+    stream = Recording()
+    output = LogOutput(stream, interval=0.001)
+    stream.broken = True
+    output.later("lost")
+    output.now("lost too")  # the caller's thread is not hurt either
+    wait_until(lambda: not output._gathered, what="the lost line taken")
+    stream.broken = False
+    output.later("after")
+    wait_until(lambda: stream.getvalue() == "after\n", what="the writer thread writing again")
+
+
+@pytest.mark.parametrize("ending", ["return", "raise", "os._exit after flush"])
+def test_nothing_gathered_is_lost_when_the_process_ends(ending: str) -> None:
+    """`sqsworker run`'s way out: the interpreter's exit (normal or by an exception), or
+    ``os._exit`` after ``log_output.flush()`` (abandoned coroutine threads)."""
+    end = {
+        "return": "",
+        "raise": "raise SystemExit(3)",
+        "os._exit after flush": "log_output.flush(); os._exit(3)",
+    }[ending]
+    program = f"""
+import os
+from sqsworker import log_output
+from sqsworker.logs import configure
+import structlog
+configure("info", "json")
+log = structlog.get_logger("sqsworker")
+for i in range(1000):
+    log.info("processed", n=i)
+{end}
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    numbers = [json.loads(line)["n"] for line in done.stderr.splitlines()]
+    assert numbers == list(range(1000)), done.stderr[-500:]
+
+
+def test_configure_sends_structlog_and_standard_logging_lines_by_their_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stream = Recording()
+    monkeypatch.setattr("sys.stderr", stream)
+    configure("info", "json")
+    try:
+        output = log_output.shared(stream)
+        output.interval = 60  # nothing goes out by the clock during the test
+        structlog.get_logger("sqsworker").info("gathered")
+        logging.getLogger("botocore").warning("at once")
+        events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+        assert events == ["gathered", "at once"]  # the warning took the line before it out
+        structlog.get_logger("sqsworker").info("later")
+        logging.getLogger("app").error("an error")
+        events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+        assert events == ["gathered", "at once", "later", "an error"]
+    finally:
+        log_output.shared(stream).interval = log_output.INTERVAL
+        structlog.reset_defaults()
+        logging.getLogger().handlers = []
