@@ -6,9 +6,12 @@ later) with fresh messages, so all the CPU the consumer's process spends is its 
 ``--warmup`` seconds, the process's CPU time (utime + stime from /proc/PID/stat, every
 thread) and the endpoint's counts are read, again ``--seconds`` later, and the consumer is
 stopped. Per message deleted in that window: the consumer's CPU, requests (every action),
-and msg/s. Rounds alternate the order of the consumers; the table gives medians, and each
-row's CPU per message as a fraction of the bare boto3 loop's (``floor``), measured in the
-same run: a receive of 10 and one delete batch of 10, on one thread.
+and msg/s. Two rows run ``sqsworker run`` as it is deployed (its default options, a JSON
+log line a message to a pipe the bench reads, metrics served); the others run a
+``Worker`` with no logs or metrics, to compare its clients. Rounds alternate the order
+of the consumers; the table gives medians, and each row's CPU per message as a fraction
+of the bare boto3 loop's (``floor``), measured in the same run: a receive of 10 and one
+delete batch of 10, on one thread.
 
 ``measure(command, endpoint)`` does one such measurement of any command that consumes
 queue "bench" at the URL it is given: other consumers (other frameworks) can be measured
@@ -22,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,7 +84,10 @@ def measure(
         **os.environ,
         **(env or {}),
     }
-    process = subprocess.Popen(list(command), env=environment)
+    # Its log lines go to a pipe, as a container's do, read and dropped (the last 4 KiB
+    # kept for an error's words).
+    process = subprocess.Popen(list(command), env=environment, stderr=subprocess.PIPE)
+    tail = _Tail(process)
     try:
         # the warm-up counts from the first delete: starting (imports, connecting) is
         # not the steady state, and takes seconds on a loaded machine
@@ -88,7 +95,7 @@ def measure(
         deadline = time.monotonic() + 120
         while endpoint.stats().get("deleted", 0) == deleted:
             if process.poll() is not None:
-                raise RuntimeError(f"{command} exited with {process.returncode}")
+                raise RuntimeError(f"{command} exited with {process.returncode}: {tail}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{command} deleted no message in 120 s")
             time.sleep(0.05)
@@ -130,6 +137,33 @@ def measure(
     }
 
 
+class _Tail:
+    """Reads a process's stderr to its end on a thread of its own; keeps the last 4 KiB."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.last = b""
+        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _read(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stderr is not None
+        while chunk := process.stderr.read1(65536):
+            self.last = (self.last + chunk)[-4096:]
+
+    def __str__(self) -> str:
+        self._thread.join(5)
+        return self.last.decode(errors="replace")
+
+
+def deployed(kind: str, url: str) -> list[str]:
+    """``sqsworker run`` as deployed: its default options (10 threads for ``def``; 256
+    coroutines for ``async def``), JSON log lines, metrics served."""
+    handler = "bench.consumer:noop" if kind == "def" else "bench.consumer:anoop"
+    command = [sys.executable, "-m", "sqsworker.cli", "run", handler, "--queue", "bench"]
+    command += ["--endpoint-url", url, "--metrics-port", "0", "--log-format", "json"]
+    return command + ([] if kind == "def" else ["--concurrency", "256"])
+
+
 def consumer(kind: str, url: str, concurrency: int = 16, client: str = "") -> list[str]:
     command = [sys.executable, "-m", "bench.consumer", kind, url, f"--concurrency={concurrency}"]
     return command + ([f"--client={client}"] if client else [])
@@ -157,6 +191,12 @@ def main() -> None:
             rows["lean loop: SQSTransport, receive 10 + delete batch 10"] = consumer(
                 "floor-lean", url
             )
+        rows["sqsworker run, def: its defaults (10 threads, JSON logs, metrics)"] = deployed(
+            "def", url
+        )
+        rows["sqsworker run, async def: --concurrency 256, JSON logs, metrics"] = deployed(
+            "async", url
+        )
         for client in args.clients:
             named = f", {client}" if client else ""
             rows[f"def, concurrency 16{named}"] = consumer("def", url, 16, client)
