@@ -253,7 +253,7 @@ def run(
         if server:
             server.stop()
         tracing.shutdown()  # the spans still buffered go out before the process ends
-        log_output.flush()  # the lines still gathered too
+        log_output.close()  # the lines still gathered too, and those logged from now on
         if abandoned is not None:
             sys.stdout.flush()
             sys.stderr.flush()

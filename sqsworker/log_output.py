@@ -11,7 +11,11 @@ gathered before it: the order of the lines is the order they were logged in, and
 warning is never late.
 
 Nothing is left unwritten at exit (``atexit``) or when ``flush`` is called; a process
-killed by SIGKILL loses at most the INFO lines of its last ``INTERVAL``. A stream that
+killed by SIGKILL loses at most the INFO lines of its last ``INTERVAL``. Once the process
+is ending (``close``: at exit, or before ``sqsworker run``'s ``os._exit``) every line is
+written at once by its caller, as the threads still running (daemon threads, an
+``atexit`` function registered before this output was made) may log after that last
+flush and no writer thread would write them in time. A stream that
 cannot be written to (its reader gone) loses the lines, never a thread.
 """
 
@@ -36,12 +40,15 @@ class LogOutput:
         self._ready = threading.Event()  # set: lines gathered, the writer thread is due
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        atexit.register(self.flush)
+        self._closed = False  # set: the process is ending, every line is written at once
+        atexit.register(self.close)
 
     def later(self, line: str) -> None:
         """Write ``line`` (no newline) within ``interval``, with those gathered beside it."""
         self._gathered.append(line)
-        if not self._ready.is_set():
+        if self._closed:  # read after the append: ``close`` drains it, or this flush does
+            self.flush()
+        elif not self._ready.is_set():
             # The writer clears the flag before it takes the lines, so a line appended
             # after it took them finds the flag clear and sets it again.
             if self._thread is None:
@@ -57,6 +64,11 @@ class LogOutput:
         """Write every line gathered so far."""
         with self._write:
             self._drain(None)
+
+    def close(self) -> None:
+        """Write every line gathered so far, and each line logged from now on at once."""
+        self._closed = True
+        self.flush()
 
     def _drain(self, last: str | None) -> None:
         """Write what gathered (and ``last``) in one write. Under ``_write``."""
@@ -107,6 +119,7 @@ def shared(stream: TextIO) -> LogOutput:
         elif _shared.stream is not stream:
             _shared.flush()
             _shared.stream = stream
+        _shared._closed = False  # configured again (a test's process): gathering again
         return _shared
 
 
@@ -114,6 +127,13 @@ def flush() -> None:
     """Write every line gathered so far (by the shared output, if there is one)."""
     if _shared is not None:
         _shared.flush()
+
+
+def close() -> None:
+    """The process is ending: write every line gathered so far, and those logged from now
+    on (by threads still running) at once."""
+    if _shared is not None:
+        _shared.close()
 
 
 class OutputLogger:

@@ -146,3 +146,46 @@ def test_configure_sends_structlog_and_standard_logging_lines_by_their_level(
         log_output.shared(stream).interval = log_output.INTERVAL
         structlog.reset_defaults()
         logging.getLogger().handlers = []
+
+
+def run_program(program: str) -> list[str]:
+    """The events of the JSON lines a Python program wrote to its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    return [json.loads(line)["event"] for line in done.stderr.splitlines()]
+
+
+def test_a_line_logged_by_an_atexit_function_registered_before_configure_is_written() -> None:
+    """atexit runs the last registered first: the output's own flush came before it."""
+    events = run_program("""
+import atexit
+import structlog
+log = structlog.get_logger("sqsworker")
+atexit.register(lambda: log.info("at exit"))
+from sqsworker.logs import configure
+configure("info", "json")
+log.info("running")
+""")
+    assert events == ["running", "at exit"]
+
+
+def test_a_line_logged_after_sqsworker_runs_last_flush_is_written_before_os_exit() -> None:
+    """`sqsworker run` closes the output, then leaves by ``os._exit`` while abandoned
+    threads may still log: a line whose log call returned is written."""
+    events = run_program("""
+import os
+import threading
+import structlog
+from sqsworker import log_output
+from sqsworker.logs import configure
+configure("info", "json")
+log = structlog.get_logger("sqsworker")
+log.info("before")
+log_output.close()  # cli.py's finally
+thread = threading.Thread(target=lambda: log.info("from an abandoned thread"))
+thread.start()
+thread.join()
+os._exit(3)
+""")
+    assert events == ["before", "from an abandoned thread"]
