@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import traceback
@@ -89,11 +90,50 @@ _PACKAGE = str(Path(__file__).resolve().parent) + os.sep
 
 def _json(event: Mapping[str, Any], **kw: Any) -> str:
     """A JSON line by orjson (a tenth of the json module's time); what orjson refuses (an
-    integer past 64 bits) by the json module, with the same fallback for other types."""
+    integer past 64 bits, a lone surrogate) by the json module, made plain first so that
+    the line is still JSON (NaN as null, as orjson writes it; any key as a string)."""
+    kw["default"] = default = _never_failing(kw.get("default", repr))
     try:
-        return orjson.dumps(event, default=kw.get("default"), option=_JSON_OPTIONS).decode()
+        return orjson.dumps(event, default=default, option=_JSON_OPTIONS).decode()
     except orjson.JSONEncodeError:
-        return json.dumps(event, **kw)
+        return json.dumps(_plain(event, set()), **kw)
+
+
+def _never_failing(fallback: Any) -> Any:
+    """structlog's fallback for a value JSON has no type for (its repr), but a float's
+    subclass (numpy's float64) stays a number, and a repr that raises names the type."""
+
+    def default(value: Any) -> Any:
+        if isinstance(value, float):
+            return float(value)
+        try:
+            return fallback(value)
+        except Exception:
+            return f"<{type(value).__name__} (its repr failed)>"
+
+    return default
+
+
+def _plain(value: Any, within: set[int]) -> Any:
+    """``value`` with what the json module would write as no JSON replaced: NaN and the
+    infinities by None, a key that is not a str, int, float, bool or None by its str, a
+    container inside itself by its repr."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if not isinstance(value, dict | list | tuple):
+        return value
+    if id(value) in within:
+        return repr(value)
+    within.add(id(value))
+    try:
+        if isinstance(value, dict):
+            return {
+                (k if isinstance(k, str | int | float | bool | None) else str(k)): _plain(v, within)
+                for k, v in value.items()
+            }
+        return [_plain(v, within) for v in value]
+    finally:
+        within.discard(id(value))
 
 
 _JSON_OPTIONS = orjson.OPT_NON_STR_KEYS

@@ -189,3 +189,32 @@ thread.join()
 os._exit(3)
 """)
     assert events == ["before", "from an abandoned thread"]
+
+
+def test_every_json_line_parses_whatever_a_handler_logs(json_logs: io.StringIO) -> None:
+    """orjson refuses an integer past 64 bits: the json module's line then, which wrote
+    NaN (not JSON) and refused a tuple key. A numpy float stays a number, as it was."""
+    import numpy
+
+    class Unprintable:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    itself: dict[str, object] = {}
+    itself["itself"] = itself
+    log = structlog.get_logger("sqsworker")
+    log.info("big", big=2**70, nan=float("nan"), pair={(1, 2): float("inf")}, loop=itself)
+    log.info("small", nan=float("nan"), pair={(1, 2): 1}, price=numpy.float64(1.5))
+    log.info("odd", value=Unprintable())
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    lines = [json.loads(line, parse_constant=refuse) for line in json_logs.getvalue().splitlines()]
+    assert [line["event"] for line in lines] == ["big", "small", "odd"]
+    assert lines[0]["big"] == 2**70 and lines[0]["nan"] is None
+    assert lines[0]["pair"] == {"(1, 2)": None}
+    assert lines[0]["loop"] == {"itself": "{'itself': {...}}"}
+    assert lines[1]["nan"] is None and lines[1]["pair"] == {"(1, 2)": 1}
+    assert lines[1]["price"] == 1.5
+    assert lines[2]["value"] == "<Unprintable (its repr failed)>"
