@@ -37,6 +37,8 @@ class LogOutput:
         self.interval = interval
         self._gathered: deque[str] = deque()  # append and popleft need no lock
         self._write = threading.Lock()  # one writer at a time, so lines keep their order
+        self._writer: int | None = None  # the thread holding ``_write``
+        self._late = False  # set: lines logged by the writing thread during its write
         self._ready = threading.Event()  # set: lines gathered, the writer thread is due
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -57,18 +59,37 @@ class LogOutput:
 
     def now(self, line: str) -> None:
         """Write ``line`` at once, after every line gathered before it."""
-        with self._write:
-            self._drain(line)
+        self._write_out(line)
 
     def flush(self) -> None:
         """Write every line gathered so far."""
-        with self._write:
-            self._drain(None)
+        self._write_out(None)
 
     def close(self) -> None:
         """Write every line gathered so far, and each line logged from now on at once."""
         self._closed = True
         self.flush()
+
+    def _write_out(self, last: str | None) -> None:
+        """Write what gathered, and ``last``, in one write, one thread at a time."""
+        if self._writer == threading.get_ident():
+            # Logged by the thread that is writing: a finalizer the garbage collector ran
+            # in the middle of the write (asyncio's "Task was destroyed but it is pending!").
+            # Taking the lock again would wait forever; the line goes out in a write of its
+            # own once this one is done, after the lines this one took.
+            if last is not None:
+                self._gathered.append(last)
+            self._late = True
+            return
+        with self._write:
+            self._writer = threading.get_ident()
+            try:
+                self._drain(last)
+                while self._late:
+                    self._late = False
+                    self._drain(None)
+            finally:
+                self._writer = None
 
     def _drain(self, last: str | None) -> None:
         """Write what gathered (and ``last``) in one write. Under ``_write``."""

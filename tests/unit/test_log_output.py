@@ -4,6 +4,7 @@ exit, nor a thread to a broken stream."""
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import logging
@@ -16,7 +17,7 @@ import pytest
 import structlog
 
 from sqsworker import log_output
-from sqsworker.log_output import LogOutput
+from sqsworker.log_output import LogOutput, OutputHandler
 from sqsworker.logs import configure
 
 from ..conftest import wait_until
@@ -218,3 +219,37 @@ def test_every_json_line_parses_whatever_a_handler_logs(json_logs: io.StringIO) 
     assert lines[1]["nan"] is None and lines[1]["pair"] == {"(1, 2)": 1}
     assert lines[1]["price"] == 1.5
     assert lines[2]["value"] == "<Unprintable (its repr failed)>"
+
+
+def test_a_line_logged_on_the_writer_thread_in_the_middle_of_its_write_is_written_after() -> None:
+    """The garbage collector runs a finalizer on whichever thread it collects on, the writer
+    thread in the middle of a write among them; asyncio's tasks log an error from one."""
+    output = LogOutput(Recording(), interval=0.001)
+    logger = logging.getLogger("tests.finalizers")
+    logger.addHandler(OutputHandler(output))
+    logger.propagate = False
+
+    class Pending:
+        def __del__(self) -> None:
+            logger.error("Task was destroyed but it is pending!")
+
+    class Collecting(Recording):
+        def __init__(self) -> None:
+            super().__init__()
+            self.garbage = [Pending()]
+
+        def write(self, text: str) -> int:
+            written = super().write(text)
+            self.garbage.clear()  # its finalizer runs here, on the writing thread
+            return written
+
+    output.stream = stream = Collecting()
+    try:
+        output.later("processed")
+        wait_until(lambda: len(stream.writes) == 2, what="the finalizer's line written")
+        assert stream.writes == ["processed\n", "Task was destroyed but it is pending!\n"]
+        logger.warning("a warning after")  # the lock was not lost either
+        assert stream.writes[-1] == "a warning after\n"
+    finally:
+        logger.handlers = []
+        atexit.unregister(output.close)
