@@ -17,6 +17,8 @@ import sys
 import threading
 from types import FrameType
 
+from . import log_output
+
 EXIT_STARTUP = 1
 EXIT_USAGE = 2
 EXIT_FORCED = 130
@@ -27,6 +29,7 @@ def fail(message: str) -> None:
     message = message.rstrip()
     if not message.endswith((".", "?")):
         message += "."
+    log_output.flush()  # after the log lines logged before it, as they were logged
     print(f"sqsworker: error: {message}", file=sys.stderr)
 
 

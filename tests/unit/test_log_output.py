@@ -253,3 +253,28 @@ def test_a_line_logged_on_the_writer_thread_in_the_middle_of_its_write_is_writte
     finally:
         logger.handlers = []
         atexit.unregister(output.close)
+
+
+def test_the_error_sentence_comes_after_the_lines_logged_before_it() -> None:
+    """A second handler that cannot start within 0.05 s of the first's ``worker started``."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            """
+import structlog
+from sqsworker.exits import fail
+from sqsworker.logs import configure
+configure("info", "json")
+structlog.get_logger("sqsworker").info("worker started")
+fail("handler work_too: queue 'no-such-queue' does not exist")
+""",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    started, error = done.stderr.splitlines()
+    assert json.loads(started)["event"] == "worker started"
+    assert error.startswith("sqsworker: error: handler work_too")
