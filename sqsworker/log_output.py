@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -44,6 +45,7 @@ class LogOutput:
         self._start_lock = threading.Lock()
         self._closed = False  # set: the process is ending, every line is written at once
         atexit.register(self.close)
+        os.register_at_fork(after_in_child=self._forked)
 
     def later(self, line: str) -> None:
         """Write ``line`` (no newline) within ``interval``, with those gathered beside it."""
@@ -69,6 +71,17 @@ class LogOutput:
         """Write every line gathered so far, and each line logged from now on at once."""
         self._closed = True
         self.flush()
+
+    def _forked(self) -> None:
+        """In a child made by fork (a handler's multiprocessing pool): the lines gathered
+        are the parent's to write, the writer thread and the lock's holder stayed there,
+        and the child may leave by ``os._exit`` as multiprocessing's do, so each of its
+        lines is written at once."""
+        self._gathered.clear()
+        self._write = threading.Lock()
+        self._writer = None
+        self._late = False
+        self._closed = True
 
     def _write_out(self, last: str | None) -> None:
         """Write what gathered, and ``last``, in one write, one thread at a time."""

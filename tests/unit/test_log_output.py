@@ -278,3 +278,29 @@ fail("handler work_too: queue 'no-such-queue' does not exist")
     started, error = done.stderr.splitlines()
     assert json.loads(started)["event"] == "worker started"
     assert error.startswith("sqsworker: error: handler work_too")
+
+
+def test_a_forked_child_writes_its_own_lines_once_and_not_the_parents() -> None:
+    """A handler's multiprocessing pool (fork on Linux): its children leave by ``os._exit``;
+    a child that leaves by the interpreter's exit runs the atexit flush."""
+    events = run_program("""
+import multiprocessing
+import os
+import sys
+import warnings
+import structlog
+from sqsworker.logs import configure
+warnings.simplefilter("ignore", DeprecationWarning)  # 3.12: fork with threads running
+configure("info", "json")
+log = structlog.get_logger("sqsworker")
+log.info("parent")  # gathered when the children are made
+child = multiprocessing.get_context("fork").Process(target=lambda: log.info("pool child"))
+child.start()
+child.join()
+pid = os.fork()
+if pid == 0:
+    log.info("forked child")
+    sys.exit(0)
+os.waitpid(pid, 0)
+""")
+    assert sorted(events) == ["forked child", "parent", "pool child"]
