@@ -30,6 +30,7 @@ from collections import deque
 from typing import Any, TextIO
 
 INTERVAL = 0.05  # seconds an INFO line may wait to be written with those after it
+ROUND = 1.0  # seconds at most between the writer thread's looks at what gathered
 
 
 class LogOutput:
@@ -42,6 +43,7 @@ class LogOutput:
         self._late = False  # set: lines logged by the writing thread during its write
         self._ready = threading.Event()  # set: lines gathered, the writer thread is due
         self._thread: threading.Thread | None = None
+        self._writer_thread: int | None = None  # the writer thread's ident, once it runs
         self._start_lock = threading.Lock()
         self._closed = False  # set: the process is ending, every line is written at once
         atexit.register(self.close)
@@ -52,9 +54,11 @@ class LogOutput:
         self._gathered.append(line)
         if self._closed:  # read after the append: ``close`` drains it, or this flush does
             self.flush()
-        elif not self._ready.is_set():
+        elif not self._ready.is_set() and threading.get_ident() != self._writer_thread:
             # The writer clears the flag before it takes the lines, so a line appended
-            # after it took them finds the flag clear and sets it again.
+            # after it took them finds the flag clear and sets it again. The writer thread
+            # sets no flag: a finalizer the garbage collector runs on it inside the flag's
+            # clear() would wait forever on the flag's lock; its next round takes the line.
             if self._thread is None:
                 self._start()
             self._ready.set()
@@ -132,8 +136,10 @@ class LogOutput:
                 self._thread.start()
 
     def _run(self) -> None:
+        self._writer_thread = threading.get_ident()
         while True:
-            self._ready.wait()
+            if not self._ready.wait(ROUND) and not self._gathered:
+                continue
             time.sleep(self.interval)  # the lines logged meanwhile go in the same write
             self._ready.clear()
             self.flush()

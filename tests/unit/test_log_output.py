@@ -304,3 +304,36 @@ if pid == 0:
 os.waitpid(pid, 0)
 """)
     assert sorted(events) == ["forked child", "parent", "pool child"]
+
+
+def test_an_info_line_logged_by_a_finalizer_inside_the_writers_flag_clear_is_written() -> None:
+    """Seen with a finalizer that logs (a connection closing itself): the collector ran it
+    on the writer thread inside ``Event.clear()``, the flag's lock held and the flag clear;
+    setting the flag again waited forever on that lock, and every INFO call after it."""
+    output = LogOutput(stream := Recording(), interval=0.001)
+
+    class Closing:
+        def __del__(self) -> None:
+            output.later("connection closed")
+
+    class Collected(threading.Event):
+        """The flag whose clear() the collector interrupts, once."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.garbage = [Closing()]
+
+        def clear(self) -> None:
+            with self._cond:  # type: ignore[attr-defined]
+                self._flag = False  # type: ignore[attr-defined]
+                self.garbage.clear()  # the collector runs the finalizer here
+
+    output._ready = Collected()
+    try:
+        output.later("processed")
+        wait_until(lambda: stream.getvalue().count("\n") == 2, what="both lines written")
+        assert stream.getvalue() == "processed\nconnection closed\n"
+        output.later("next")  # no thread waits on the flag's lock
+        wait_until(lambda: stream.getvalue().endswith("next\n"), what="the next line")
+    finally:
+        atexit.unregister(output.close)
