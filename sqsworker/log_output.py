@@ -16,7 +16,8 @@ is ending (``close``: at exit, or before ``sqsworker run``'s ``os._exit``) every
 written at once by its caller, as the threads still running (daemon threads, an
 ``atexit`` function registered before this output was made) may log after that last
 flush and no writer thread would write them in time. A stream that
-cannot be written to (its reader gone) loses the lines, never a thread.
+cannot be written to (its reader gone) loses the lines, never a thread; one whose reader
+stalls holds at most ``MOST_GATHERED`` lines here, then the callers wait on it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ from typing import Any, TextIO
 
 INTERVAL = 0.05  # seconds an INFO line may wait to be written with those after it
 ROUND = 1.0  # seconds at most between the writer thread's looks at what gathered
+# Lines gathered at most: past them (a stream whose reader stalls) each caller writes
+# what gathered itself, waiting on the stream as every line did before, so the lines
+# slow the worker down rather than fill its memory.
+MOST_GATHERED = 10_000
 
 
 class LogOutput:
@@ -52,7 +57,9 @@ class LogOutput:
     def later(self, line: str) -> None:
         """Write ``line`` (no newline) within ``interval``, with those gathered beside it."""
         self._gathered.append(line)
-        if self._closed:  # read after the append: ``close`` drains it, or this flush does
+        if self._closed or len(self._gathered) > MOST_GATHERED:
+            # Ending (read after the append: ``close`` drains it, or this flush does), or
+            # the stream does not keep up: the caller writes.
             self.flush()
         elif not self._ready.is_set() and threading.get_ident() != self._writer_thread:
             # The writer clears the flag before it takes the lines, so a line appended
@@ -124,7 +131,7 @@ class LogOutput:
         try:
             self.stream.write("\n".join(parts))
             self.stream.flush()
-        except (OSError, ValueError):  # the reader went away, or the stream was closed
+        except Exception:  # the reader went away, the stream was closed: lines, not threads
             pass
 
     def _start(self) -> None:

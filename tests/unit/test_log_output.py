@@ -337,3 +337,30 @@ def test_an_info_line_logged_by_a_finalizer_inside_the_writers_flag_clear_is_wri
         wait_until(lambda: stream.getvalue().endswith("next\n"), what="the next line")
     finally:
         atexit.unregister(output.close)
+
+
+def test_a_stalled_reader_holds_up_the_callers_rather_than_gathering_lines_without_end() -> None:
+    stream = Recording()
+    output = LogOutput(stream, interval=60)  # the writer thread would not write for a minute
+    for i in range(log_output.MOST_GATHERED):
+        output.later(f"line {i}")
+    assert stream.writes == []  # gathered up to the bound
+    output.later("one more")  # past it: the caller writes what gathered, this line too
+    assert len(output._gathered) == 0
+    assert stream.getvalue().splitlines()[-1] == "one more"
+    assert stream.getvalue().count("\n") == log_output.MOST_GATHERED + 1
+
+
+def test_a_stream_failing_in_any_way_loses_its_lines_not_the_writer_thread() -> None:
+    class Odd(Recording):
+        def write(self, text: str) -> int:
+            if "boom" in text:
+                raise RuntimeError("a stream of a kind nobody expected")
+            return super().write(text)
+
+    stream = Odd()
+    output = LogOutput(stream, interval=0.001)
+    output.later("boom")
+    wait_until(lambda: not output._gathered, what="the line taken")
+    output.later("after")
+    wait_until(lambda: stream.getvalue() == "after\n", what="the writer thread writing again")
