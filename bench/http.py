@@ -21,10 +21,12 @@ the same way.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .endpoint import Endpoint
+from .versus import Runner, worktree
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
@@ -70,6 +73,7 @@ def measure(
     warmup: float = 2.0,
     seconds: float = 5.0,
     env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> dict[str, float]:
     """Start ``command``, let it run ``warmup`` seconds past its first delete, then
     measure it for ``seconds``:
@@ -86,7 +90,7 @@ def measure(
     }
     # Its log lines go to a pipe, as a container's do, read and dropped (the last 4 KiB
     # kept for an error's words).
-    process = subprocess.Popen(list(command), env=environment, stderr=subprocess.PIPE)
+    process = subprocess.Popen(list(command), env=environment, stderr=subprocess.PIPE, cwd=cwd)
     tail = _Tail(process)
     try:
         # the warm-up counts from the first delete: starting (imports, connecting) is
@@ -147,7 +151,7 @@ class _Tail:
 
     def _read(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stderr is not None
-        while chunk := process.stderr.read1(65536):
+        while chunk := os.read(process.stderr.fileno(), 65536):
             self.last = (self.last + chunk)[-4096:]
 
     def __str__(self) -> str:
@@ -176,12 +180,31 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--latency-ms", type=float, default=0, help="added to every answer")
     parser.add_argument(
+        "--against",
+        metavar="REF",
+        help="also run the two `sqsworker run` rows on REF's sqsworker (a git ref), side by side",
+    )
+    parser.add_argument(
         "--clients",
         nargs="+",
         default=["boto3", "lean"],
         help="--sqs-client values to run the worker with, side by side (default: both)",
     )
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        # REF's rows run with REF's sqsworker first on the path and this bench/ (what
+        # versus.Runner sets up: a folder holding a link to it).
+        against: tuple[Path, dict[str, str]] | None = None
+        if args.against:
+            tree = stack.enter_context(worktree(args.against))
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            Runner(folder)
+            against = folder, {"PYTHONPATH": str(tree)}
+        _run(args, against)
+
+
+def _run(args: argparse.Namespace, against: tuple[Path, dict[str, str]] | None) -> None:
+    places: dict[str, tuple[Path, dict[str, str]]] = {}
     with Endpoint(latency_ms=args.latency_ms) as endpoint:
         url = endpoint.url
         rows: dict[str, list[str]] = {
@@ -197,6 +220,10 @@ def main() -> None:
         rows["sqsworker run, async def: --concurrency 256, JSON logs, metrics"] = deployed(
             "async", url
         )
+        if against is not None:
+            for kind, name in (("def", "def: its defaults"), ("async", "async def")):
+                row = f"sqsworker run, {name}, at {args.against}"
+                rows[row], places[row] = deployed(kind, url), against
         for client in args.clients:
             named = f", {client}" if client else ""
             rows[f"def, concurrency 16{named}"] = consumer("def", url, 16, client)
@@ -205,7 +232,10 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = list(rows) if round_ % 2 == 0 else list(rows)[::-1]
             for name in order:
-                result = measure(rows[name], endpoint, warmup=args.warmup, seconds=args.seconds)
+                cwd, env = places.get(name, (None, None))
+                result = measure(
+                    rows[name], endpoint, warmup=args.warmup, seconds=args.seconds, env=env, cwd=cwd
+                )
                 runs[name].append(result)
                 print(
                     f"round {round_ + 1}, {name}: {result['rate']:.0f} msg/s, "
