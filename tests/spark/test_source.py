@@ -168,7 +168,9 @@ def test_at_real_latency_leases_hold_from_the_first_receive_until_the_commit(
             numPartitions="1",
             visibilityTimeout="2",
         )
-        assert max(sizes) >= 500  # hundreds of leases a partition, renewed together
+        # Hundreds of leases a partition, renewed together: what its 2/3 s of receives
+        # bring at 20 ms a request (500 to 600 on a quiet machine, 330 with the suite beside).
+        assert max(sizes) >= 250
         assert stolen == []  # another consumer saw none of them while their batch ran
         assert sorted(output_ids(spark, tmp_path / "out")) == sorted(sent)
         assert queue.counts().total == 0
