@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .lanes import Lanes, Line
@@ -43,6 +44,9 @@ class Inbox:
         # Duplicates whose key is busy elsewhere: (when due, message), looked at again then.
         self.deferred: list[tuple[float, Held]] = []
         self.closing = False  # handler threads exit once nothing is waiting
+        # Whether a receive thread waiting for room would act now (``Receiver.wanted``):
+        # a message finishing wakes the waiters on ``slots`` only then, or at the end.
+        self.room_wanted: Callable[[], bool] | None = None
 
     def order_by_group(self) -> None:
         """A FIFO queue's: one lane per message group. Before any message came."""
@@ -193,7 +197,10 @@ class Inbox:
         shutdown cannot stop the lease thread before their returns are queued)."""
         later = self.pending.finish(held, settled=held.gone)
         self.unfinished -= 1 + len(later)
-        self.slots.notify_all()  # room for the receives, and the shutdown's count
+        # Room for the receives, and the shutdown's count (it waits for none unfinished).
+        wanted = self.room_wanted
+        if self.closing or self.unfinished <= 0 or wanted is None or wanted():
+            self.slots.notify_all()
         if isinstance(self.pending, Lanes):
             self.runnable.notify()  # the group's next message may run now
         return later

@@ -109,6 +109,7 @@ class Receiver:
 
     def start(self, transport: Transport, keeper: LeaseKeeper) -> None:
         self._transport, self._keeper = transport, keeper
+        self.inbox.room_wanted = self.wanted
         self.alive = self.room.pollers
         for index in range(self.room.pollers):
             self.clock.spawn(f"sqsworker-receiver-{index}", partial(self._receive, index))
@@ -272,32 +273,52 @@ class Receiver:
         return not yet answered.
         """
         assert self._keeper is not None
-        room, inbox = self.room, self.inbox
+        inbox = self.inbox
         with inbox.lock:
             progress.idle()  # waiting on the handlers is not being stuck
             while not self.stopping.is_set():
                 if self.clock.monotonic() < self._paused_until:
                     self.clock.wait(inbox.slots, self._paused_until)
                     continue
-                active = inbox.active(room.max_deferred)
-                unanswered = max(0, self._keeper.settling_count() - room.unanswered)
-                free = self.capacity() - active - unanswered - self._asked
-                # Handler threads with nothing to run and no receive under way to bring any:
-                # a receive for less than a batch is better than a barrier.
-                starved = self._polls == 0 and active < room.slots
-                worth = free >= room.batch or (free > 0 and starved)
-                if worth and (self._polls == 0 or self._flowing):
-                    asked = min(free, MAX_BATCH)
+                asked, flush = self._look()
+                if asked:
                     self._polls += 1
                     self._asked += asked
                     self._polls_began[index] = (self.clock.monotonic(), asked)
                     return asked
-                if not worth and self.capacity() - active - self._asked >= room.batch:
+                if flush:
                     # Only unanswered deletes and returns stand in the way: send them now
                     # rather than after --delete-interval, so the handlers are not starved.
                     self._keeper.flush()
                 self.clock.wait(inbox.slots, None)
             return 0
+
+    def _look(self) -> tuple[int, bool]:
+        """How many a receive would ask for now (0: none is worth making), and whether
+        only unanswered deletes and returns stand in the way. Under inbox.lock."""
+        assert self._keeper is not None
+        room, inbox = self.room, self.inbox
+        active = inbox.active(room.max_deferred)
+        unanswered = max(0, self._keeper.settling_count() - room.unanswered)
+        free = self.capacity() - active - unanswered - self._asked
+        # Handler threads with nothing to run and no receive under way to bring any:
+        # a receive for less than a batch is better than a barrier.
+        starved = self._polls == 0 and active < room.slots
+        worth = free >= room.batch or (free > 0 and starved)
+        if worth and (self._polls == 0 or self._flowing):
+            return min(free, MAX_BATCH), False
+        return 0, not worth and self.capacity() - active - self._asked >= room.batch
+
+    def wanted(self) -> bool:
+        """Whether a receive thread waiting for room would act now (receive, or send the
+        deletes standing in the way): a message finishing wakes them only then. With 256
+        coroutines (32 receive threads) waking them all for every message finished took
+        the event loop's thread a seventh of its time, and each of them the GIL in turn.
+        Under inbox.lock."""
+        if self.stopping.is_set() or self.clock.monotonic() < self._paused_until:
+            return self.stopping.is_set()  # a paused thread wakes by the clock
+        asked, flush = self._look()
+        return bool(asked) or flush
 
     def _queue_is_empty(self) -> bool:
         assert self._transport is not None and self._keeper is not None

@@ -92,9 +92,9 @@ class Runner:
     def finish(self, held: Held, took: float) -> None:
         """``held`` is through its handler (or handed back): it no longer counts."""
         with self.inbox.lock:
+            self.finished(took)  # first: the pace may make room a receive is waiting for
             for later in self.inbox.finish(held):
                 self.keeper.release(later, 0, HANDED_BACK_BEHIND, urgent=True)
-            self.finished(took)
 
     def _thread_fault(self, held: Held, deferrals: int) -> bool:
         """A fault that ends the thread (not an ``Exception``): the message, if still this
