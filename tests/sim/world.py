@@ -16,6 +16,7 @@ The invariants (docs/delivery.md states the promise they check):
   for a reason the worker reported, or in the queue: never lost;
 - no thread waits forever: lease.extend() returns within a lease, shutdown within
   its timeout plus a receive, every thread of a stopped worker ends, the queue drains;
+  no receive thread sleeps while a receive it would make is possible;
 - two handlers of one idempotency key never overlap while the first one's lease lives;
 - no simulated thread dies of an exception, and no worker's thread is lost (/healthz);
 - ordinary messages keep being processed while hostile ones are in the queue: on a
@@ -949,6 +950,37 @@ class World:
             self.violation(f"thread {name} died: {trace}")
         self.clock.errors.clear()
         self._check_progress(now)
+        self._check_wakeups()
+
+    def _check_wakeups(self) -> None:
+        """No lost wake-up on the receive side: with every thread parked, no receive thread
+        of a running worker sleeps untimed (and unwoken) while a receive it would make is
+        possible. A finish wakes the receive threads only when one would act, so one left
+        asleep here would stay so until some other change."""
+        for running in self.workers:
+            worker = running.worker
+            if running.crashed or running.stopped_at is not None or not worker.started:
+                continue
+            receiver, slots = worker.receiver, worker.inbox.slots
+            parked = [
+                task
+                for task in self.clock.live()
+                if task.group == running.group
+                and task.name.startswith("sqsworker-receiver")
+                and task.cond is slots
+                and task.deadline is None
+                and not task.woken
+            ]
+            if not parked or receiver.stopping.is_set():
+                continue
+            if self.clock.monotonic() < receiver._paused_until:
+                continue  # the paused ones wait by the clock
+            asked, _ = receiver._look()
+            if asked:
+                self.violation(
+                    f"worker {running.recorder.index}: {len(parked)} receive thread(s) asleep "
+                    f"while a receive of {asked} is possible"
+                )
 
     def _check_progress(self, now: float) -> None:
         """No worker loses a thread; and on a standard queue, no ordinary message stays
