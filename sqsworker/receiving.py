@@ -315,8 +315,10 @@ class Receiver:
         coroutines (32 receive threads) waking them all for every message finished took
         the event loop's thread a seventh of its time, and each of them the GIL in turn.
         Under inbox.lock."""
-        if self.stopping.is_set() or self.clock.monotonic() < self._paused_until:
-            return self.stopping.is_set()  # a paused thread wakes by the clock
+        if self.stopping.is_set():
+            return True
+        if self.clock.monotonic() < self._paused_until:
+            return False  # a paused thread wakes by the clock
         asked, flush = self._look()
         return bool(asked) or flush
 
