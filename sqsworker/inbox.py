@@ -8,17 +8,31 @@ count their room from it; the handler threads take from it; the shutdown drains 
 
 One lock guards the inbox and the receive side's counts (``Receiver`` shares it), so
 that room taken by an answered receive becomes room taken by its messages in one step.
-Three conditions on it: ``slots`` (room or state changed: the receive threads and the
+Conditions on it: ``slots`` (room or state changed: the receive threads and the
 shutdown wait on it), ``runnable`` (a message to run: the handler threads wait on it,
 so a message finishing wakes no idle handler thread) and a batch handler's turn to fill
 its batch. Lock order: this lock before the lease keeper's, never the other way (the
 keeper calls ``changed`` outside its own lock).
+
+**The hand-over** (``def`` handlers on a standard queue, ``use_hand_over``). Waking a
+thread costs more than a quick handler (two context switches and a wait for the GIL).
+So a receive wakes only as many idle handler threads as would run its messages within
+``hand_over`` seconds at the recent pace: one, for a handler of a few hundred µs, which
+runs the receive's messages one after another. The idle threads each wait on a
+condition of their own (``_parked``, woken one by one, so the inbox knows how many it
+woke), but one: the *watcher*. While a message waits in line, the watcher wakes when
+the oldest has waited ``hand_over``; finding it still there (a handler slower than its
+pace), it takes it and wakes an idle thread for every other message waiting. So no
+message waits in line more than about ``hand_over`` while a handler thread is idle.
+When the watcher leaves to run a message, it wakes a parked thread to watch in its
+place: whenever a thread is parked, there is a watcher.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -30,6 +44,9 @@ if TYPE_CHECKING:
 
 
 class Inbox:
+    # Seconds a message may wait in line while a handler thread is idle (the hand-over).
+    HAND_OVER = 0.005
+
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.lock = threading.RLock()
@@ -47,6 +64,20 @@ class Inbox:
         # Whether a receive thread waiting for room would act now (``Receiver.wanted``):
         # a message finishing wakes the waiters on ``slots`` only then, or at the end.
         self.room_wanted: Callable[[], bool] | None = None
+        # The hand-over (0: off; every message put wakes a thread on ``runnable``).
+        self.hand_over = 0.0
+        self._took = 0.0  # seconds a message was on its handler thread, smoothed
+        self._parked: deque[threading.Condition] = deque()  # idle threads, not woken
+        self._watcher: threading.Condition | None = None  # the idle thread that watches
+        self._watcher_runs = False  # put needs the watcher to run a message now
+        self._watcher_asleep = False  # it waits untimed: a put that wakes too few wakes it
+        self._short = False  # the last put woke fewer threads than its messages
+
+    def use_hand_over(self) -> None:
+        """Wake no more handler threads than the pace asks (``def`` handler threads on a
+        standard queue; before any waits)."""
+        assert not self.fifo
+        self.hand_over = self.HAND_OVER
 
     def order_by_group(self) -> None:
         """A FIFO queue's: one lane per message group. Before any message came."""
@@ -64,10 +95,39 @@ class Inbox:
         hands them back). Under ``lock``."""
         if self.closing:
             return False
+        count = len(held)
         self.pending.add(held)
-        self.unfinished += len(held)
-        self.runnable.notify(len(held))
+        self.unfinished += count
+        if self.hand_over <= 0:
+            self.runnable.notify(count)
+            return True
+        now = self.clock.monotonic()
+        for h in held:
+            h.queued_at = now
+        wake = self._to_wake(count)
+        woken = self._unpark(wake)
+        self._short = wake < count
+        if self._watcher is not None:
+            if woken < wake:  # too few parked: the watcher runs one
+                self._watcher_runs = True
+                self._watcher.notify()
+            elif self._short and self._watcher_asleep:
+                self._watcher.notify()  # to look by the hand-over
         return True
+
+    def _to_wake(self, count: int) -> int:
+        """Idle handler threads to wake for ``count`` new messages: as many as run them
+        within ``hand_over`` seconds at the recent pace; all while no pace is known."""
+        if self._took <= 0:
+            return count
+        return min(count, math.ceil(count * self._took / self.hand_over))
+
+    def _unpark(self, count: int) -> int:
+        """Wake up to ``count`` parked handler threads; how many were."""
+        woken = min(count, len(self._parked))
+        for _ in range(woken):
+            self._parked.popleft().notify()
+        return woken
 
     def active(self, max_deferred: int) -> int:
         """Messages that take room: those not yet through a handler, less the duplicates
@@ -89,7 +149,59 @@ class Inbox:
                 if waiting is not None or self.closing:
                     return waiting
                 due = min((d for d, _ in self.deferred), default=None)
-                self.clock.wait(self.runnable, due)
+                if self.hand_over <= 0:
+                    self.clock.wait(self.runnable, due)
+                elif self._watcher is None:
+                    self._watch()
+                else:
+                    self._park(due)
+
+    def _park(self, due: float | None) -> None:
+        """Wait, idle, until woken (one by one) or ``due``. Under ``lock``."""
+        cond = threading.Condition(self.lock)
+        self._parked.append(cond)
+        try:
+            while cond in self._parked and not self.closing:
+                if due is not None and self.clock.monotonic() >= due:
+                    break
+                self.clock.wait(cond, due)  # woken by another (a fake clock's advance): on
+        finally:
+            if cond in self._parked:  # not woken: the due time came, or closing
+                self._parked.remove(cond)
+
+    def _watch(self) -> None:
+        """Be the watcher until a message is this thread's to take (put asked it to run
+        one, one waited its hand-over in line, a deferred one is due) or closing. Under
+        ``lock``."""
+        self._watcher = cond = threading.Condition(self.lock)
+        self._watcher_runs = False
+        try:
+            while not (self.closing or self._watcher_runs):
+                now = self.clock.monotonic()
+                oldest = self.pending.oldest()
+                due = min((d for d, _ in self.deferred), default=None)
+                if oldest is not None and now >= oldest + self.hand_over:
+                    # The line stood still: this thread takes its head, and wakes one for
+                    # every message behind it.
+                    self._unpark(len(self.pending) - 1)
+                    return
+                if due is not None and now >= due:
+                    return
+                if oldest is not None:
+                    deadline: float | None = oldest + self.hand_over
+                elif self._short and self.unfinished > 0:
+                    deadline = now + self.hand_over  # under way: look on
+                else:
+                    deadline = None  # a put that wakes too few wakes it
+                if due is not None:
+                    deadline = due if deadline is None else min(deadline, due)
+                self._watcher_asleep = deadline is None
+                self.clock.wait(cond, deadline)
+                self._watcher_asleep = False
+        finally:
+            self._watcher, self._watcher_asleep = None, False
+            if not self.closing:
+                self._unpark(1)  # to watch in this thread's place
 
     def next_few(self, limit: int) -> list[Held]:
         """Up to ``limit`` messages to run, waiting for the first; [] once closing."""
@@ -157,6 +269,8 @@ class Inbox:
             held.deferrals += 1
             self.deferred.append((due, held))
             self.runnable.notify()  # a waiting handler thread looks at its due time
+            if self._watcher is not None:
+                self._watcher.notify()  # the watcher does, with the hand-over
             self.slots.notify_all()  # it takes no room now: receives may go on
 
     def reclaim(self, held: Held, deferrals: int | None) -> bool:
@@ -190,11 +304,13 @@ class Inbox:
         with self.lock:
             return not self.pending.waiting(held)
 
-    def finish(self, held: Held) -> list[Held]:
+    def finish(self, held: Held, took: float = 0.0) -> list[Held]:
         """A message is through its handler: it no longer counts. On a FIFO queue, the
         group's later messages must not overtake one that comes back: they no longer
         count either, and are returned for the caller to hand back (under ``lock``, so a
         shutdown cannot stop the lease thread before their returns are queued)."""
+        if took > 0:  # the pace the hand-over wakes threads by
+            self._took = took if self._took == 0 else self._took + 0.1 * (took - self._took)
         later = self.pending.finish(held, settled=held.gone)
         self.unfinished -= 1 + len(later)
         # Room for the receives, and the shutdown's count (it waits for none unfinished).
@@ -217,6 +333,9 @@ class Inbox:
             self.closing = True
             self.slots.notify_all()
             self.runnable.notify_all()
+            self._unpark(len(self._parked))
+            if self._watcher is not None:
+                self._watcher.notify()
         return waiting
 
     def wait_finished(self, deadline: float) -> bool:

@@ -37,6 +37,13 @@ class Line:
     def take(self) -> Held | None:
         return self._waiting.popleft() if self._waiting else None
 
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def oldest(self) -> float | None:
+        """When the longest waiting message was queued (``Held.queued_at``), or None."""
+        return self._waiting[0].queued_at if self._waiting else None
+
     def take_run(self, limit: int) -> list[Held]:
         """Up to ``limit`` waiting messages, for a batch."""
         return [self._waiting.popleft() for _ in range(min(limit, len(self._waiting)))]
@@ -109,6 +116,13 @@ class Lanes:
     def waiting(self, held: Held) -> int:
         """How many later messages of ``held``'s group wait in its lane."""
         return len(self._lanes.get(_group(held), ()))
+
+    def __len__(self) -> int:
+        return sum(map(len, self._lanes.values()))
+
+    def oldest(self) -> float | None:
+        """Not kept for lanes (no hand-over on a FIFO queue)."""
+        return None
 
     def drain(self) -> list[Held]:
         waiting = [h for lane in self._lanes.values() for h in lane]

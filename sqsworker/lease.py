@@ -76,6 +76,7 @@ class Held(Entry):
         # Times the worker set it aside (its idempotency key busy elsewhere): a thread whose
         # step fails after that no longer owns it, once another thread took it back.
         self.deferrals = 0
+        self.queued_at = 0.0  # when the inbox queued it to run (with a hand-over set)
         self.message = Message(envelope, keeper.transport.info.name, self)
 
     # -- the Lease protocol ------------------------------------------------------

@@ -93,7 +93,7 @@ class Runner:
         """``held`` is through its handler (or handed back): it no longer counts."""
         with self.inbox.lock:
             self.finished(took)  # first: the pace may make room a receive is waiting for
-            for later in self.inbox.finish(held):
+            for later in self.inbox.finish(held, took):
                 self.keeper.release(later, 0, HANDED_BACK_BEHIND, urgent=True)
 
     def _thread_fault(self, held: Held, deferrals: int) -> bool:
@@ -113,6 +113,11 @@ class Runner:
 
 class Threads(Runner):
     """A ``def`` handler: each thread runs one message at a time."""
+
+    def start(self) -> None:
+        if self.concurrency > 1 and not self.inbox.fifo:
+            self.inbox.use_hand_over()
+        super().start()
 
     def work(self) -> None:
         while (held := self.inbox.next()) is not None:

@@ -140,6 +140,10 @@ class Schedule:
     workers: int
     horizon: float
     keyed: bool = False  # messages carry idempotency keys; the workers share a store
+    # Seconds a message may wait in line while a handler thread is idle (the inbox's
+    # hand-over): the simulated handlers take seconds, not the µs the worker's 5 ms is
+    # sized for, so the simulator scales it up to make receives wake too few threads.
+    hand_over: float = 0.5
     copies: set[int] = field(default_factory=set)  # sent twice under one key
     # Hostile input (drawn apart): message number -> its kind (see HOSTILE), and the
     # receive count SQS reports for "count" messages.
@@ -259,8 +263,21 @@ def draw(seed: int) -> Schedule:
     interval = random.Random(f"interval {seed}")
     if interval.random() < 0.15:
         config["delete_interval"] = interval.choice([5.0, 10.0])
+    # Now and then a busy line: many handler threads, most handlers quick, a few slow, so
+    # that receives wake fewer threads than messages and the watcher hands over. Drawn
+    # apart too, with the hand-over itself (seconds, for handlers of seconds).
+    line = random.Random(f"busy line {seed}")
+    hand_over = line.choice([1.0, 5.0, 30.0])
+    if line.random() < 0.2:
+        config["concurrency"] = line.randint(4, 14)
+        for plan in plans.values():
+            if plan.durations[0] < 45_000.0:  # not the marathon
+                plan.durations = [
+                    d if line.random() < 0.15 else line.uniform(0, 0.3) for d in plan.durations
+                ]
     schedule = Schedule(
         seed=seed,
+        hand_over=hand_over,
         fifo=rng.random() < 0.3,
         config=config,
         max_receive_count=rng.choice([3, 5]),
@@ -869,6 +886,7 @@ class World:
                 config.backoff_base, config.backoff_max, random.Random(self.schedule.seed + index)
             ),
         )
+        worker.inbox.HAND_OVER = self.schedule.hand_over
         group = f"worker-{index}"
         self.clock.group = group
         worker.start()
@@ -951,6 +969,7 @@ class World:
         self.clock.errors.clear()
         self._check_progress(now)
         self._check_wakeups()
+        self._check_hand_over()
 
     def _check_wakeups(self) -> None:
         """No lost wake-up on the receive side: with every thread parked, no receive thread
@@ -980,6 +999,36 @@ class World:
                 self.violation(
                     f"worker {running.recorder.index}: {len(parked)} receive thread(s) asleep "
                     f"while a receive of {asked} is possible"
+                )
+
+    def _check_hand_over(self) -> None:
+        """No message waits in line past its hand-over unwatched: with every thread
+        parked, whenever a handler thread is parked there is a watcher, and while a
+        message waits to run with a handler thread idle, the watcher is woken or wakes by
+        the moment the message has waited ``hand_over`` (a receive wakes only the threads
+        its pace asks for; the watcher covers the rest)."""
+        for running in self.workers:
+            worker = running.worker
+            inbox = worker.inbox
+            if running.crashed or not worker.started or inbox.hand_over <= 0:
+                continue
+            if inbox.closing:
+                continue
+            index = running.recorder.index
+            watcher = inbox._watcher
+            if inbox._parked and watcher is None:
+                self.violation(f"worker {index}: {len(inbox._parked)} parked, no watcher")
+                continue
+            oldest = inbox.pending.oldest()
+            if oldest is None or watcher is None:
+                continue
+            task = next(t for t in self.clock.live() if t.cond is watcher)
+            if not task.woken and (
+                task.deadline is None or task.deadline > oldest + inbox.hand_over + 1e-9
+            ):
+                self.violation(
+                    f"worker {index}: a message waits in line with the watcher asleep "
+                    f"past its hand-over (until {task.deadline})"
                 )
 
     def _check_progress(self, now: float) -> None:
