@@ -70,7 +70,9 @@ class Inbox:
         self._parked: deque[threading.Condition] = deque()  # idle threads, not woken
         self._watcher: threading.Condition | None = None  # the idle thread that watches
         self._watcher_runs = False  # put needs the watcher to run a message now
-        self._watcher_asleep = False  # it waits untimed: a put that wakes too few wakes it
+        # When the watcher looks next (inf: when woken): a put that wakes too few
+        # threads wakes it if that is past the new messages' hand-over.
+        self._watcher_until = math.inf
         self._short = False  # the last put woke fewer threads than its messages
 
     def use_hand_over(self) -> None:
@@ -111,8 +113,8 @@ class Inbox:
             if woken < wake:  # too few parked: the watcher runs one
                 self._watcher_runs = True
                 self._watcher.notify()
-            elif self._short and self._watcher_asleep:
-                self._watcher.notify()  # to look by the hand-over
+            elif self._watcher_until > now + self.hand_over:
+                self._watcher.notify()  # to look by the new messages' hand-over
         return True
 
     def _to_wake(self, count: int) -> int:
@@ -195,11 +197,11 @@ class Inbox:
                     deadline = None  # a put that wakes too few wakes it
                 if due is not None:
                     deadline = due if deadline is None else min(deadline, due)
-                self._watcher_asleep = deadline is None
+                self._watcher_until = math.inf if deadline is None else deadline
                 self.clock.wait(cond, deadline)
-                self._watcher_asleep = False
+                self._watcher_until = math.inf
         finally:
-            self._watcher, self._watcher_asleep = None, False
+            self._watcher, self._watcher_until = None, math.inf
             if not self.closing:
                 self._unpark(1)  # to watch in this thread's place
 
