@@ -8,9 +8,10 @@ the test lets it go, so which thread ran what is the test's to see.
 
 from __future__ import annotations
 
+import math
 import threading
-from types import SimpleNamespace
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -206,7 +207,7 @@ def test_a_receive_wakes_the_watcher_that_sleeps_until_a_deferred_message_is_due
     # A real clock: a fake one's advance wakes every waiter, the watcher too.
     line = lines(4, clock=SystemClock())
     line.defer(99, line.clock.monotonic() + 60)
-    wait_until(lambda: not line.inbox._watcher_asleep, what="the watcher sleeping until it")
+    wait_until(lambda: line.inbox._watcher_looks < math.inf, what="the watcher sleeping until it")
     line.put(range(3))  # one thread woken; its message is slow
     wait_until(lambda: line.running() == {0, 1, 2}, what="the two behind it handed over")
 
