@@ -70,9 +70,9 @@ class Inbox:
         self._parked: deque[threading.Condition] = deque()  # idle threads, not woken
         self._watcher: threading.Condition | None = None  # the idle thread that watches
         self._watcher_runs = False  # put needs the watcher to run a message now
-        # When the watcher looks next (inf: when woken): a put that wakes too few
-        # threads wakes it if that is past the new messages' hand-over.
-        self._watcher_until = math.inf
+        # When the watcher looks next of itself (inf: when woken): a put wakes it if that
+        # is later than the new messages' hand-over.
+        self._watcher_looks = math.inf
         self._short = False  # the last put woke fewer threads than its messages
 
     def use_hand_over(self) -> None:
@@ -106,15 +106,19 @@ class Inbox:
         now = self.clock.monotonic()
         for h in held:
             h.queued_at = now
-        wake = self._to_wake(count)
+        # No watcher (the thread woken to watch has not looked yet, or none is idle): a
+        # thread for every message, or those woken could all run one and leave none watching.
+        wake = self._to_wake(count) if self._watcher is not None else count
         woken = self._unpark(wake)
         self._short = wake < count
         if self._watcher is not None:
             if woken < wake:  # too few parked: the watcher runs one
                 self._watcher_runs = True
                 self._watcher.notify()
-            elif self._watcher_until > now + self.hand_over:
-                self._watcher.notify()  # to look by the new messages' hand-over
+            elif self._watcher_looks > now + self.hand_over:
+                # To look by the new messages' hand-over: a thread woken for one may take
+                # a deferred message that is due instead.
+                self._watcher.notify()
         return True
 
     def _to_wake(self, count: int) -> int:
@@ -183,9 +187,10 @@ class Inbox:
                 oldest = self.pending.oldest()
                 due = min((d for d, _ in self.deferred), default=None)
                 if oldest is not None and now >= oldest + self.hand_over:
-                    # The line stood still: this thread takes its head, and wakes one for
-                    # every message behind it.
-                    self._unpark(len(self.pending) - 1)
+                    # The line stood still: this thread takes its head (or a deferred
+                    # message that is due), and wakes one for every other message waiting.
+                    taken = 0 if due is not None and now >= due else 1
+                    self._unpark(len(self.pending) - taken)
                     return
                 if due is not None and now >= due:
                     return
@@ -197,11 +202,11 @@ class Inbox:
                     deadline = None  # a put that wakes too few wakes it
                 if due is not None:
                     deadline = due if deadline is None else min(deadline, due)
-                self._watcher_until = math.inf if deadline is None else deadline
+                self._watcher_looks = math.inf if deadline is None else deadline
                 self.clock.wait(cond, deadline)
-                self._watcher_until = math.inf
+                self._watcher_looks = math.inf
         finally:
-            self._watcher, self._watcher_until = None, math.inf
+            self._watcher, self._watcher_looks = None, math.inf
             if not self.closing:
                 self._unpark(1)  # to watch in this thread's place
 

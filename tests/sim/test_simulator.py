@@ -30,3 +30,15 @@ def test_random_schedules_keep_every_invariant(first: int) -> None:
                 f"  replay with its trace: .venv/bin/python -m tests.sim --replay {seed}"
             )
     assert not failures, "\n".join(failures)
+
+
+# Seeds beyond the suite's range that broke an invariant once, kept as regressions:
+# 309, 1023, 1415, 2271: a keyed busy line whose watcher slept until a deferred duplicate
+# was due while messages waited in line past their hand-over.
+FOUND = [309, 1023, 1415, 2271]
+
+
+@pytest.mark.parametrize("seed", FOUND)
+def test_schedules_that_once_broke_an_invariant_keep_every_invariant(seed: int) -> None:
+    schedule, violations = simulate(seed)
+    assert not violations, f"seed {seed}: {violations[0]}\n  {schedule.describe()}"

@@ -8,13 +8,15 @@ the test lets it go, so which thread ran what is the test's to see.
 
 from __future__ import annotations
 
+import math
 import threading
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from sqsworker.clock import FakeClock
+from sqsworker.clock import Clock, FakeClock, SystemClock
 from sqsworker.inbox import Inbox
 
 from ..conftest import wait_until
@@ -26,8 +28,8 @@ class Line:
     """An inbox with ``threads`` handler threads; each message is a namespace whose
     handler waits for ``go`` (set it to finish), taking ``took`` seconds of the pace."""
 
-    def __init__(self, threads: int, took: float = QUICK) -> None:
-        self.clock = FakeClock()
+    def __init__(self, threads: int, took: float = QUICK, clock: Clock | None = None) -> None:
+        self.clock: Any = clock or FakeClock()
         self.inbox = Inbox(self.clock)
         self.inbox.use_hand_over()
         self.took = took
@@ -38,6 +40,9 @@ class Line:
             for i in range(threads)
         ]
         self.messages: dict[int, Any] = {}
+        # Run under the inbox's lock as the thread takes the message (a receive that
+        # gets the lock before a thread the taker woke does).
+        self.on_take: dict[int, Callable[[], None]] = {}
         self._pace(took)
         for thread in self.threads:
             thread.start()
@@ -52,12 +57,20 @@ class Line:
             self.inbox.finish(seed, took)
 
     def _message(self, number: int) -> Any:
-        message = SimpleNamespace(number=number, queued_at=0.0, gone=False, go=threading.Event())
+        message = SimpleNamespace(
+            number=number, queued_at=0.0, gone=False, deferrals=0, go=threading.Event()
+        )
         self.messages[number] = message
         return message
 
     def _work(self) -> None:
-        while (message := self.inbox.next()) is not None:
+        while True:
+            with self.inbox.lock:
+                message = self.inbox.next()
+                if message is None:
+                    return
+                if (then := self.on_take.pop(message.number, None)) is not None:
+                    then()
             with self.started:
                 self.ran[message.number] = threading.current_thread().name
                 self.started.notify_all()
@@ -68,6 +81,15 @@ class Line:
     def put(self, numbers: range) -> None:
         with self.inbox.lock:
             assert self.inbox.put([self._message(n) for n in numbers])
+
+    def defer(self, number: int, due: float) -> None:
+        """A duplicate set aside until ``due`` (its handler, once due, waits for ``go``)."""
+        self.inbox.defer(self._message(number), due)
+
+    def watched(self) -> bool:
+        """Whenever a thread is parked, there is a watcher."""
+        with self.inbox.lock:
+            return not self.inbox._parked or self.inbox._watcher is not None
 
     def finish(self, number: int) -> None:
         self.messages[number].go.set()
@@ -100,8 +122,8 @@ class Line:
 def lines() -> Any:
     made: list[Line] = []
 
-    def make(threads: int, took: float = QUICK) -> Line:
-        made.append(Line(threads, took))
+    def make(threads: int, took: float = QUICK, clock: Clock | None = None) -> Line:
+        made.append(Line(threads, took, clock))
         return made[-1]
 
     yield make
@@ -177,3 +199,50 @@ def test_closing_ends_every_idle_thread(lines: Any) -> None:
     with line.inbox.lock:
         assert line.inbox._watcher is not None and len(line.inbox._parked) == 3
     line.close()
+
+
+def test_a_receive_wakes_the_watcher_that_sleeps_until_a_deferred_message_is_due(
+    lines: Any,
+) -> None:
+    # A real clock: a fake one's advance wakes every waiter, the watcher too.
+    line = lines(4, clock=SystemClock())
+    line.defer(99, line.clock.monotonic() + 60)
+    wait_until(lambda: line.inbox._watcher_looks < math.inf, what="the watcher sleeping until it")
+    line.put(range(3))  # one thread woken; its message is slow
+    wait_until(lambda: line.running() == {0, 1, 2}, what="the two behind it handed over")
+
+
+def test_a_watcher_that_takes_a_due_deferred_message_wakes_a_thread_for_each_waiting(
+    lines: Any,
+) -> None:
+    line = lines(6)
+    line.defer(99, line.clock.monotonic() + 1.0)
+    line.settled()
+    line.put(range(2))  # one thread woken; 0 is slow
+    line.settled()
+    # 1 waited its hand-over and 99 is due: the watcher takes 99, a thread 1, and one
+    # of the parked threads watches.
+    line.clock.advance(1.0)
+    wait_until(lambda: line.running() == {0, 1, 99}, what="1 and 99 running")
+    line.settled()
+    assert line.watched()
+    line.put(range(2, 5))
+    line.settled()
+    line.clock.advance(line.inbox.hand_over)
+    wait_until(lambda: line.running() == {0, 1, 99, *range(2, 5)}, what="all running")
+
+
+def test_a_receive_before_the_thread_woken_to_watch_looks_leaves_none_unwatched(
+    lines: Any,
+) -> None:
+    line = lines(5)
+    line.put(range(2))  # one thread woken; 0 is slow
+    line.settled()
+    # 1 waits its hand-over: the watcher takes it and wakes a parked thread to watch in
+    # its place; a receive gets the lock before that thread does.
+    line.on_take[1] = lambda: line.put(range(2, 5))
+    line.clock.advance(line.inbox.hand_over)
+    wait_until(lambda: {0, 1} <= line.running(), what="1 handed over")
+    line.settled()
+    line.clock.advance(line.inbox.hand_over)
+    wait_until(lambda: line.running() == set(range(5)), what="all five running")
