@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 class Inbox:
     # Seconds a message may wait in line while a handler thread is idle (the hand-over).
     HAND_OVER = 0.005
+    # Hand-overs the watcher looks on for after a receive that woke too few threads.
+    LOOK_ON = 10
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -73,7 +75,11 @@ class Inbox:
         # When the watcher looks next of itself (inf: when woken): a put wakes it if that
         # is later than the new messages' hand-over.
         self._watcher_looks = math.inf
-        self._short = False  # the last put woke fewer threads than its messages
+        # The last put woke fewer threads than its messages, at this moment: the watcher
+        # looks on every hand-over for a while (``LOOK_ON``), so that receives coming
+        # fast need not wake it each.
+        self._short = False
+        self._put_at = -math.inf
 
     def use_hand_over(self) -> None:
         """Wake no more handler threads than the pace asks (``def`` handler threads on a
@@ -110,7 +116,7 @@ class Inbox:
         # thread for every message, or those woken could all run one and leave none watching.
         wake = self._to_wake(count) if self._watcher is not None else count
         woken = self._unpark(wake)
-        self._short = wake < count
+        self._short, self._put_at = wake < count, now
         if self._watcher is not None:
             if woken < wake:  # too few parked: the watcher runs one
                 self._watcher_runs = True
@@ -196,10 +202,10 @@ class Inbox:
                     return
                 if oldest is not None:
                     deadline: float | None = oldest + self.hand_over
-                elif self._short and self.unfinished > 0:
-                    deadline = now + self.hand_over  # under way: look on
+                elif self._short and now < self._put_at + self.LOOK_ON * self.hand_over:
+                    deadline = now + self.hand_over  # receives coming fast: look on
                 else:
-                    deadline = None  # a put that wakes too few wakes it
+                    deadline = None  # a put wakes it
                 if due is not None:
                     deadline = due if deadline is None else min(deadline, due)
                 self._watcher_looks = math.inf if deadline is None else deadline

@@ -246,3 +246,49 @@ def test_a_receive_before_the_thread_woken_to_watch_looks_leaves_none_unwatched(
     line.settled()
     line.clock.advance(line.inbox.hand_over)
     wait_until(lambda: line.running() == set(range(5)), what="all five running")
+
+
+class CountingClock(FakeClock):
+    """A fake clock that counts the watcher's waits with a deadline (its looks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inbox: Inbox | None = None
+        self.looks = 0
+        self.asleep = False  # the watcher waits untimed
+
+    def wait(self, cond: threading.Condition, deadline: float | None) -> None:
+        watcher = self.inbox is not None and cond is self.inbox._watcher
+        if watcher:
+            self.looks += deadline is not None
+            self.asleep = deadline is None
+        try:
+            super().wait(cond, deadline)
+        finally:
+            if watcher:
+                self.asleep = False
+
+
+def test_the_watcher_stops_looking_on_a_while_after_the_last_receive(lines: Any) -> None:
+    """After a receive that woke too few threads the watcher looks every hand-over for
+    ``LOOK_ON`` of them (receives coming fast need not wake it), then waits to be woken:
+    a long handler running alone costs no wake-ups."""
+    clock = CountingClock()
+    line = lines(4, clock=clock)
+    clock.inbox = line.inbox
+    line.put(range(3))  # one thread woken: it runs 0, 1, then 2, which runs long
+    for number in (0, 1):
+        wait_until(lambda n=number: n in line.ran)
+        line.finish(number)
+    wait_until(lambda: 2 in line.ran)
+    line.settled()
+    for _ in range(Inbox.LOOK_ON + 1):
+        line.clock.advance(line.inbox.hand_over)
+        line.settled()
+    wait_until(lambda: clock.asleep, what="the watcher waiting to be woken")
+    looks = clock.looks
+    for _ in range(20):
+        line.clock.advance(line.inbox.hand_over)
+        line.settled()
+    assert clock.looks == looks
+    assert line.running() == {2}
