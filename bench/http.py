@@ -159,12 +159,12 @@ class _Tail:
         return self.last.decode(errors="replace")
 
 
-def deployed(kind: str, url: str) -> list[str]:
+def deployed(kind: str, url: str, *extra: str) -> list[str]:
     """``sqsworker run`` as deployed: its default options (10 threads for ``def``; 256
-    coroutines for ``async def``), JSON log lines, metrics served."""
+    coroutines for ``async def``), JSON log lines, metrics served; ``extra`` options."""
     handler = "bench.consumer:noop" if kind == "def" else "bench.consumer:anoop"
     command = [sys.executable, "-m", "sqsworker.cli", "run", handler, "--queue", "bench"]
-    command += ["--endpoint-url", url, "--metrics-port", "0", "--log-format", "json"]
+    command += ["--endpoint-url", url, "--metrics-port", "0", "--log-format", "json", *extra]
     return command + ([] if kind == "def" else ["--concurrency", "256"])
 
 
@@ -183,6 +183,12 @@ def main() -> None:
         "--against",
         metavar="REF",
         help="also run the two `sqsworker run` rows on REF's sqsworker (a git ref), side by side",
+    )
+    parser.add_argument(
+        "--no-pin-cpu",
+        dest="pin_cpu",
+        action="store_false",
+        help="leave out the two `sqsworker run --pin-cpu` rows",
     )
     parser.add_argument(
         "--clients",
@@ -220,6 +226,11 @@ def _run(args: argparse.Namespace, against: tuple[Path, dict[str, str]] | None) 
         rows["sqsworker run, async def: --concurrency 256, JSON logs, metrics"] = deployed(
             "async", url
         )
+        if args.pin_cpu:
+            rows["sqsworker run, def: its defaults, --pin-cpu"] = deployed("def", url, "--pin-cpu")
+            rows["sqsworker run, async def: --concurrency 256, --pin-cpu"] = deployed(
+                "async", url, "--pin-cpu"
+            )
         if against is not None:
             for kind, name in (("def", "def: its defaults"), ("async", "async def")):
                 row = f"sqsworker run, {name}, at {args.against}"

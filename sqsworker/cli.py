@@ -20,6 +20,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from . import config, log_output, logs, tracing
+from .cpu import pin_to_one
 from .errors import ConfigError, StartupError
 from .events import Observer, Observers, Tally
 from .exits import EXIT_STARTUP, EXIT_USAGE, Signals, fail
@@ -172,8 +173,17 @@ def run(
         fail(str(exc))
         return EXIT_USAGE
     first = configs[0]  # the process-wide options are the same in every handler's
+    cpu = None
+    if first.pin_cpu:  # before any thread of ours starts: they inherit it
+        try:
+            cpu = pin_to_one()
+        except ConfigError as exc:
+            fail(str(exc))
+            return EXIT_USAGE
     logs.configure(first.log_level, first.log_format)
     log = structlog.get_logger("sqsworker")
+    if cpu is not None:
+        log.info("threads pinned to one CPU", cpu=cpu)
     unknown = config.unknown_variables(os.environ, [h.name for h in handlers])
     for warning in [*unknown, *unused_keys]:
         log.warning(warning)

@@ -34,10 +34,11 @@ BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 ENV_PREFIX = "SQSWORKER_"
 HANDLER_SEPARATOR = "__"  # SQSWORKER_<HANDLER>__<OPTION>
-# One for the whole process, whatever the handlers: the telemetry server and the log stream.
+# One for the whole process, whatever the handlers: the telemetry server, the log stream
+# and the CPU its threads run on.
 # --burst too: the process exits when every queue has drained, and a worker stopped early
 # would leave the others' /readyz unready.
-PROCESS_OPTIONS = ("metrics_port", "metrics_host", "log_level", "log_format", "burst")
+PROCESS_OPTIONS = ("metrics_port", "metrics_host", "log_level", "log_format", "burst", "pin_cpu")
 
 
 def _parse_bool(raw: str) -> bool:
@@ -234,6 +235,16 @@ class WorkerConfig:
     metrics_host: str = field(
         default="0.0.0.0",
         metadata=_option("Address the metrics and health server listens on."),
+    )
+    pin_cpu: bool = field(
+        default=False,
+        metadata=_option(
+            "Run the process's threads on one CPU (the one it starts on; Linux). Its "
+            "threads hand Python's GIL to each other often; on one CPU that costs far less "
+            "(docs/deployment.md). Processes a handler starts inherit it: leave it off for "
+            "handlers whose work runs in other processes or outside the GIL.",
+            _parse_bool,
+        ),
     )
     stall_timeout: float = field(
         default=120.0,

@@ -183,7 +183,7 @@ def _sample(field: str) -> str:
     samples |= {"non_retryable": "app:Fatal", "log_bodies": "false", "metrics_port": "9000"}
     samples |= {"idempotency_store": "dynamodb://orders-keys", "idempotency_key": "json:order.id"}
     samples |= {"on_key_conflict": "reject", "payload_bucket": "orders-bodies"}
-    samples |= {"delete_payloads": "false", "sqs_client": "boto3"}
+    samples |= {"delete_payloads": "false", "sqs_client": "boto3", "pin_cpu": "true"}
     return samples.get(field, "5")
 
 
