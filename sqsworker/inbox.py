@@ -159,6 +159,10 @@ class Inbox:
             while True:
                 waiting = self._take_now()
                 if waiting is not None or self.closing:
+                    if self._watcher is None and self._parked and not self.closing:
+                        # A thread woken to watch took a message instead (one more came,
+                        # a deferred one fell due): it wakes another in its place.
+                        self._unpark(1)
                     return waiting
                 due = min((d for d, _ in self.deferred), default=None)
                 if self.hand_over <= 0:
