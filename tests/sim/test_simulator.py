@@ -36,8 +36,10 @@ def test_random_schedules_keep_every_invariant(first: int) -> None:
 # 309, 1023, 1415, 2271: a keyed busy line whose watcher slept until a deferred duplicate
 # was due while messages waited in line past their hand-over. 37044232: the thread woken
 # to watch in a leaving watcher's place took a message (a deferred one fell due) and left
-# six threads parked with none watching.
-FOUND = [309, 1023, 1415, 2271, 37044232]
+# six threads parked with none watching. 96649501: a renewal SQS applied whose answer was
+# lost held a message past the lease the check allowed after a clean shutdown (the
+# check's error: the worker counts such a renewal as held).
+FOUND = [309, 1023, 1415, 2271, 37044232, 96649501]
 
 
 @pytest.mark.parametrize("seed", FOUND)

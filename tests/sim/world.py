@@ -455,6 +455,10 @@ class SimTransport:
 
         def act() -> BatchResult:
             passed = [e for e in entries if e[0] not in failing]
+            if action == "ChangeMessageVisibilityBatch":  # applied, its answer lost or not
+                now = self.world.clock.monotonic()
+                for _, handle, seconds in passed:
+                    self.world.applied_until[handle] = now + seconds
             if action == "DeleteMessageBatch":  # a stale handle's delete deletes nothing
                 world = self.world
                 for _, handle in passed:
@@ -761,6 +765,9 @@ class World:
         self.workers: list[Running] = []
         self.trace: list[str] = []
         self.returned_until: dict[str, float] = {}  # receipt handle -> hidden until, as asked
+        # Receipt handle -> hidden until, by the last visibility change SQS applied (a
+        # renewal whose answer was lost too: the worker knows it may hold that long).
+        self.applied_until: dict[str, float] = {}
         self.gone_handles: set[str] = set()  # handles SQS answered as no longer owning a message
         self.store = SimStore(self) if schedule.keyed else None
         self.running_keys: defaultdict[int, list[Message]] = defaultdict(list)
@@ -1070,7 +1077,8 @@ class World:
     def _check_nothing_stranded(self, running: Running) -> None:
         """After a clean shutdown no message this worker received is still invisible; one
         whose delete or return SQS did not take by the deadline (reported unsettled) is
-        invisible no longer than its lease."""
+        invisible no longer than its lease (a renewal SQS applied but whose answer was
+        lost counts: the worker knows it may hold that long)."""
         if running.shutdown_result != [0]:
             return
         now = self.clock.monotonic()
@@ -1078,7 +1086,11 @@ class World:
         for message in self.memory._queues[self.queue_name].messages.values():
             handle = message.handle or ""
             allowed = (
-                max(now, recorder.leased_until.get(handle, now)) if recorder.unsettled else now
+                max(
+                    now, recorder.leased_until.get(handle, now), self.applied_until.get(handle, now)
+                )
+                if recorder.unsettled
+                else now
             )
             asked = self.returned_until.get(handle, allowed)
             ours = message.handle in running.recorder.handles - running.recorder.lost
