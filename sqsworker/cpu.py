@@ -8,9 +8,10 @@ switches and cold caches on both. On one CPU a woken thread waits its turn inste
 Measured at an HTTP endpoint (bench/README.md), a no-op ``def`` handler took about a
 third less CPU a message and ran about 1.5 times the messages a second.
 
-The affinity is a thread's, inherited by the threads and processes it starts: pinned
-before the worker starts its threads, it holds for all of them, and for any process a
-handler starts (so it is not the default).
+The affinity is a thread's, inherited by the threads and processes it starts: every
+thread of the process is pinned at once (those the handler's modules started as they
+were imported, a numeric library's pool, say), before the worker starts its own, so it
+holds for all of them, and for any process a handler starts (so it is not the default).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from .errors import ConfigError
 
 
 def pin_to_one() -> int:
-    """Run the calling thread, and every thread or process it starts from now on, on one
-    CPU: the one it runs on now, if allowed. Returns that CPU."""
+    """Run every thread of the process, and every thread or process they start from now
+    on, on one CPU: the one the calling thread runs on now, if allowed. Returns that CPU."""
     if not hasattr(os, "sched_setaffinity"):
         raise ConfigError("--pin-cpu needs Linux (sched_setaffinity); leave it off on this system")
     allowed = os.sched_getaffinity(0)
@@ -31,6 +32,11 @@ def pin_to_one() -> int:
     if cpu not in allowed:
         cpu = min(allowed)
     os.sched_setaffinity(0, {cpu})
+    for task in Path("/proc/self/task").iterdir():  # the threads already started
+        try:
+            os.sched_setaffinity(int(task.name), {cpu})
+        except (ProcessLookupError, ValueError):  # it ended meanwhile
+            continue
     return cpu
 
 
