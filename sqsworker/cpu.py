@@ -31,8 +31,7 @@ def pin_to_one() -> int:
     cpu = _running_on()
     if cpu not in allowed:
         cpu = min(allowed)
-    os.sched_setaffinity(0, {cpu})
-    for task in Path("/proc/self/task").iterdir():  # the threads already started
+    for task in Path("/proc/self/task").iterdir():  # this thread and every other one
         try:
             os.sched_setaffinity(int(task.name), {cpu})
         except (ProcessLookupError, ValueError):  # it ended meanwhile
