@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import os
 import sys
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -46,9 +48,7 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         structlog.contextvars.merge_contextvars,
         tracing.log_fields,  # trace_id and span_id, when a span is current
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True)
-        if as_json
-        else structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+        UtcStamper() if as_json else structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
     ]
     renderer: Any
     if as_json:
@@ -86,6 +86,25 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
 
 
 _PACKAGE = str(Path(__file__).resolve().parent) + os.sep
+
+
+class UtcStamper:
+    """A processor: the line's time as ISO 8601 in UTC (``2026-11-27T19:07:46.786517Z``),
+    as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it but at a fifth of its
+    cost (4.5 µs a line there, most of a line's processing): the date and the time of day
+    are formatted once a second, the microseconds on each line, always as six digits."""
+
+    def __init__(self) -> None:
+        self._second: tuple[int, str] = (-1, "")  # one tuple: threads swap it whole
+
+    def __call__(self, logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
+        second, micros = divmod(time.time_ns() // 1000, 1_000_000)
+        cached = self._second
+        if cached[0] != second:
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            cached = self._second = (second, text)
+        event["timestamp"] = f"{cached[1]}.{micros:06d}Z"
+        return event
 
 
 def _json(event: Mapping[str, Any], **kw: Any) -> str:
@@ -202,6 +221,7 @@ class LogObserver(Observer):
         self.log_bodies = log_bodies
         self.max_receive_count: int | None = None
         self._traced: tuple[int, int] | None = None  # the last error whose trace was shown
+        self._assembled: tuple[tuple[Any, ...], Any] = ((None,) * 4, None)  # see _logger()
         # Handled messages whose delete SQS never took: they may run again.
         self.not_deleted = 0
 
@@ -217,8 +237,26 @@ class LogObserver(Observer):
         self._traced = seen
         return error
 
+    def _logger(self) -> Any:
+        """The logger itself. ``structlog.get_logger`` gives a lazy proxy, which assembles a
+        new logger from structlog's configuration on every bind (8 µs, on every message's
+        line); this one is assembled once, and again whenever structlog is configured anew
+        (``configure``, or a test's ``capture_logs``)."""
+        config = structlog.get_config()
+        key = (
+            config["processors"],
+            config["wrapper_class"],
+            config["logger_factory"],
+            config["context_class"],
+        )
+        seen, logger = self._assembled
+        if not all(map(operator.is_, seen, key)):
+            logger = self.log.bind()
+            self._assembled = (key, logger)
+        return logger
+
     def _for(self, message: Message, with_body: bool = False) -> Any:
-        log = self.log.bind(**message.log_context, handler=self.handler)
+        log = self._logger().bind(**message.log_context, handler=self.handler)
         if with_body and self.log_bodies:
             log = log.bind(body=message.body[:BODY_LIMIT])
         return log
@@ -258,7 +296,13 @@ class LogObserver(Observer):
             self.log.info("SQS answers again", was_unanswered_for=f"{seconds:.0f}s")
 
     def handler_succeeded(self, message: Message, duration: float) -> None:
-        self._for(message).info("message processed", duration=round(duration, 3))
+        # every message's line: no bound logger of its own (the same line, 3 µs less)
+        self._logger().info(
+            "message processed",
+            **message.log_context,
+            handler=self.handler,
+            duration=round(duration, 3),
+        )
 
     def handler_failed(
         self,

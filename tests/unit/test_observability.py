@@ -6,17 +6,21 @@ import io
 import json
 import logging
 import math
+import re
 import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 import structlog
 from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
 from sqsworker import Message, Reject, Retry
 from sqsworker.clock import FakeClock
 from sqsworker.errors import TransportError
-from sqsworker.logs import LogObserver, summary
+from sqsworker.logs import LogObserver, UtcStamper, configure, summary
 from sqsworker.metrics import Metrics
 from sqsworker.process import Process
 from sqsworker.telemetry import TelemetryServer
@@ -437,3 +441,34 @@ def test_two_handlers_in_one_process_share_one_metrics_page_and_one_health(
         gate.release.set()
         server.stop()
     assert slow.count("deleted") == 1
+
+
+def test_the_line_of_every_message_follows_structlog_configured_anew(
+    json_logs: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The observer keeps its assembled logger (a proxy assembles one per line) only while
+    structlog's configuration is the one it was assembled from."""
+    observer = LogObserver("h")
+    message = Message.build("{}")
+    observer.handler_succeeded(message, 0.25)
+    with capture_logs() as captured:
+        observer.handler_succeeded(message, 0.5)
+    assert [(c["event"], c["duration"]) for c in captured] == [("message processed", 0.5)]
+    monkeypatch.setattr("sys.stderr", json_logs)  # pytest sets its own for the test's body
+    configure("warning", "json")
+    observer.handler_succeeded(message, 0.75)  # below the level now: not written
+    configure("info", "json")
+    observer.handler_succeeded(message, 1.0)
+    lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    assert [(line["handler"], line["duration"]) for line in lines] == [("h", 0.25), ("h", 1.0)]
+
+
+def test_json_lines_carry_an_iso_utc_time_of_microseconds() -> None:
+    stamper = UtcStamper()
+    before = datetime.now(UTC)
+    stamps = [stamper(None, "info", {})["timestamp"] for _ in range(3)]
+    after = datetime.now(UTC)
+    for stamp in stamps:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", stamp), stamp
+        assert before <= datetime.fromisoformat(stamp) <= after
+    assert stamps == sorted(stamps)
