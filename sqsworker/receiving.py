@@ -109,7 +109,7 @@ class Receiver:
 
     def start(self, transport: Transport, keeper: LeaseKeeper) -> None:
         self._transport, self._keeper = transport, keeper
-        self.inbox.room_wanted = self.wanted
+        self.inbox.wake_receiver = self.wake
         self.alive = self.room.pollers
         for index in range(self.room.pollers):
             self.clock.spawn(f"sqsworker-receiver-{index}", partial(self._receive, index))
@@ -258,7 +258,7 @@ class Receiver:
             self._polls -= 1
             self._asked -= poll[1]
             self._flowing = full
-            self.inbox.slots.notify_all()
+            self.wake()
 
     def _await_room(self, index: int, progress: Progress) -> int:
         """Wait until a receive is worth making; how many to ask for (0 when stopping).
@@ -285,6 +285,7 @@ class Receiver:
                     self._polls += 1
                     self._asked += asked
                     self._polls_began[index] = (self.clock.monotonic(), asked)
+                    self.wake()  # the next thread, if another receive is worth making
                     return asked
                 if flush:
                     # Only unanswered deletes and returns stand in the way: send them now
@@ -309,18 +310,19 @@ class Receiver:
             return min(free, MAX_BATCH), False
         return 0, not worth and self.capacity() - active - self._asked >= room.batch
 
-    def wanted(self) -> bool:
-        """Whether a receive thread waiting for room would act now (receive, or send the
-        deletes standing in the way): a message finishing wakes them only then. With 256
-        coroutines (32 receive threads) waking them all for every message finished took
-        the event loop's thread a seventh of its time, and each of them the GIL in turn.
-        Under inbox.lock."""
+    def wake(self) -> None:
+        """Room or state changed: wake one receive thread waiting for room if one would act
+        now (receive, or send the deletes standing in the way); each that starts a receive
+        wakes the next the same way, so as many wake as will act. All once stopping. With
+        256 coroutines (32 receive threads) waking them all for every message finished
+        took the event loop's thread a seventh of its time, and each of them the GIL in
+        turn. Under inbox.lock."""
         if self.stopping.is_set():
-            return True
-        if self.clock.monotonic() < self._paused_until:
-            return False  # a paused thread wakes by the clock
-        asked, flush = self._look()
-        return bool(asked) or flush
+            self.inbox.slots.notify_all()
+        elif self.clock.monotonic() >= self._paused_until:  # a paused one wakes by the clock
+            asked, flush = self._look()
+            if asked or flush:
+                self.inbox.slots.notify()
 
     def _queue_is_empty(self) -> bool:
         assert self._transport is not None and self._keeper is not None

@@ -322,3 +322,53 @@ def test_a_lease_shortened_by_extend_is_lost_at_its_new_end_when_its_renewal_han
     transport.go.set()
     release.set()
     assert rig.stop() == 0
+
+
+class CountingWaits(threading.Condition):
+    """The inbox's ``slots``, counting the waits the receive threads make on it."""
+
+    def __init__(self, lock: Any) -> None:
+        super().__init__(lock)
+        self.receiver_waits = 0  # so far
+        self.receivers_waiting = 0  # now
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not threading.current_thread().name.startswith("sqsworker-receiver"):
+            return super().wait(timeout)
+        self.receiver_waits += 1
+        self.receivers_waiting += 1
+        try:
+            return super().wait(timeout)
+        finally:
+            self.receivers_waiting -= 1
+
+
+def test_room_for_one_receive_wakes_one_receive_thread_not_all(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """26 receive threads wait for room: 250 messages running, 10 waiting (prefetch 10).
+    Ten finish: room for one receive, and one thread wakes to make it. Woken all at once
+    for every change of room (the tenth finish, each delete answered, each receive ended),
+    they woke by the dozen to find nothing to do: 50 to 100 wake-ups here, and with 256
+    coroutines several a message, each a trip for the GIL."""
+    permits = threading.Semaphore(0)
+    rig = Rig(memory, clock, lambda m: permits.acquire(), concurrency=250, prefetch=10)
+    assert rig.worker.pollers == 26
+    inbox = rig.worker.inbox
+    slots = inbox.slots = CountingWaits(inbox.lock)
+    rig.send(*[f"m{i}" for i in range(300)])
+    rig.worker.start()
+    rig.wait_for("received", 260)
+    wait_until(lambda: slots.receivers_waiting == 26, what="every receive thread waiting")
+    before = slots.receiver_waits
+    for _ in range(10):
+        permits.release()
+    rig.wait_for("deleted", 10)
+    rig.wait_for("received", 270)
+    wait_until(lambda: slots.receivers_waiting == 26, what="every receive thread waiting")
+    assert rig.count("received") == 270  # one receive of ten
+    assert slots.receiver_waits - before <= 3, slots.receiver_waits - before
+    for _ in range(300):
+        permits.release()
+    rig.wait_for("deleted", 300)
+    assert rig.stop() == 0
