@@ -275,6 +275,20 @@ def draw(seed: int) -> Schedule:
                 plan.durations = [
                     d if line.random() < 0.15 else line.uniform(0, 0.3) for d in plan.durations
                 ]
+    # Now and then many receive threads for one message at a time (capacity 40 to 120: 4
+    # to 12 of them) and a backlog that keeps them coming back full: each change of room
+    # wakes one of them, and the one that starts a receive wakes the next. Drawn apart too.
+    many = random.Random(f"many receivers {seed}")
+    if many.random() < 0.06 and "batch_size" not in config:
+        config["concurrency"] = many.randint(20, 40)
+        config["prefetch"] = many.choice([None, many.randint(20, 80)])
+        extra = list(range(len(plans), len(plans) + many.randint(60, 120)))
+        for n in extra:
+            plans[n] = Plan("healthy", [many.choice([0.0, many.uniform(0, 2)])] * 8)
+        while extra:
+            sends.append((many.uniform(0, horizon / 2), extra[:30]))
+            extra = extra[30:]
+        sends.sort(key=lambda s: s[0])
     schedule = Schedule(
         seed=seed,
         hand_over=hand_over,
