@@ -204,12 +204,16 @@ class Receiver:
         held = self._keeper.add(envelopes, began, self.config.visibility_timeout)
         self.observer.received([h.message for h in held])
         with lock:
-            # Room taken by the ask becomes room taken by the messages, in one step.
-            self._answered(index, full=len(held) == asked)
+            # Room taken by the ask becomes room taken by the messages, in one step: the
+            # next receive thread is woken only once they are in (woken before, it would
+            # count their room free, and wake to find none).
+            self._answered(index, full=len(held) == asked, wake=False)
             if self.pace is not None and len(held) == asked:
                 # Full: the messages were there, so this took a round trip, not a wait.
                 self.pace.answered(self.clock.monotonic() - began)
-            if self.inbox.put(held):
+            put = self.inbox.put(held)
+            self.wake()
+            if put:
                 return True
             self._returned_at_stop += held  # shutdown began during the poll: handed back
         return False
@@ -250,9 +254,10 @@ class Receiver:
             self.observer.burst_finished()
         return False
 
-    def _answered(self, index: int, full: bool) -> None:
+    def _answered(self, index: int, full: bool, wake: bool = True) -> None:
         """A receive ended: its room is free again; more run at once only while full.
-        Once per receive: later calls do nothing."""
+        Once per receive: later calls do nothing. ``wake``: wake a receive thread if one
+        would act now (else the caller does, under the same hold of the lock)."""
         with self.inbox.lock:
             poll = self._polls_began.pop(index, None)
             if poll is None:
@@ -260,7 +265,8 @@ class Receiver:
             self._polls -= 1
             self._asked -= poll[1]
             self._flowing = full
-            self.wake()
+            if wake:
+                self.wake()
 
     def _await_room(self, index: int, progress: Progress) -> int:
         """Wait until a receive is worth making; how many to ask for (0 when stopping).
