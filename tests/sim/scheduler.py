@@ -189,9 +189,14 @@ class SimClock:
 
     def wake(self, cond: threading.Condition, n: int | None) -> None:
         """``notify(n)`` (None: ``notify_all``): the ``n`` threads waiting on ``cond``
-        longest are ready to run."""
+        longest are ready to run. Not the thread notifying: it is not waiting, though its
+        last wait (ended by its deadline, or early) was on ``cond``."""
         waiting = sorted(
-            (t for t in self.live() if t.started and t.cond is cond and not t.woken),
+            (
+                t
+                for t in self.live()
+                if t.started and t.cond is cond and not t.woken and t is not self._running
+            ),
             key=lambda t: t.since,
         )
         for task in waiting if n is None else waiting[:n]:
