@@ -995,23 +995,35 @@ class World:
     def _check_wakeups(self) -> None:
         """No lost wake-up on the receive side: with every thread parked, no receive thread
         of a running worker sleeps untimed (and unwoken) while a receive it would make is
-        possible. A finish wakes the receive threads only when one would act, so one left
-        asleep here would stay so until some other change."""
+        possible, and while one is counted as woken (``Receiver._woken``: later changes
+        wake none) one is on its way back. A change wakes a receive thread only when one
+        would act, so one left asleep here would stay so until some other change."""
         for running in self.workers:
             worker = running.worker
             if running.crashed or running.stopped_at is not None or not worker.started:
                 continue
             receiver, slots = worker.receiver, worker.inbox.slots
-            parked = [
+            waiting = [
                 task
                 for task in self.clock.live()
                 if task.group == running.group
                 and task.name.startswith("sqsworker-receiver")
                 and task.cond is slots
-                and task.deadline is None
-                and not task.woken
             ]
-            if not parked or receiver.stopping.is_set():
+            if receiver.stopping.is_set():
+                continue
+            now = self.clock.monotonic()
+            if receiver._woken and not any(
+                t.woken or (t.deadline is not None and t.deadline <= now) for t in waiting
+            ):
+                # wake() does nothing while a thread it woke is on its way back: one that
+                # never comes would leave every later change unseen
+                self.violation(
+                    f"worker {running.recorder.index}: a receive thread counted as woken, "
+                    "none on its way back"
+                )
+            parked = [t for t in waiting if t.deadline is None and not t.woken]
+            if not parked:
                 continue
             if self.clock.monotonic() < receiver._paused_until:
                 continue  # the paused ones wait by the clock
