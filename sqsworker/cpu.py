@@ -5,8 +5,8 @@ Python's GIL to one another several times a message: each blocking socket call l
 go and takes it back. With the threads free to run on any CPU, a thread woken for the GIL
 starts at once on another CPU and the two contend for it, each hand-over costing context
 switches and cold caches on both. On one CPU a woken thread waits its turn instead.
-Measured at an HTTP endpoint (bench/README.md), a no-op ``def`` handler took about a
-third less CPU a message and ran about 1.5 times the messages a second.
+Measured at an HTTP endpoint (bench/README.md), a no-op ``def`` handler took a quarter
+to two fifths less CPU a message and ran 1.3 to 1.6 times the messages a second.
 
 The affinity is a thread's, inherited by the threads and processes it starts: every
 thread of the process is pinned at once (those the handler's modules started as they

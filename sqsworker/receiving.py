@@ -99,7 +99,7 @@ class Receiver:
         self._polls_began: dict[int, tuple[float, int]] = {}
         self._paused_until = -math.inf  # no receive starts before (after a failure, idle)
         self._waiting = 0  # receive threads waiting for room
-        self._woken = 0  # of them, woken by wake() and not yet back from their wait
+        self._woken = False  # one of them was woken by wake() and is not back yet
         self._failures = 0  # receives failed in a row
         # Since when the receives have failed in a row (None while SQS answers), and why.
         self._failing_since: float | None = None
@@ -309,7 +309,7 @@ class Receiver:
             self.clock.wait(self.inbox.slots, deadline)
         finally:
             self._waiting -= 1
-            self._woken = max(0, self._woken - 1)
+            self._woken = False  # back, whatever woke it: it looks before it waits again
 
     def _look(self) -> tuple[int, bool]:
         """How many a receive would ask for now (0: none is worth making), and whether
@@ -343,7 +343,7 @@ class Receiver:
         elif self.clock.monotonic() >= self._paused_until:  # a paused one wakes by the clock
             asked, flush = self._look()
             if asked or flush:
-                self._woken += 1
+                self._woken = True
                 self.inbox.slots.notify()
 
     def _queue_is_empty(self) -> bool:
