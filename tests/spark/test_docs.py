@@ -45,15 +45,18 @@ def test_the_streaming_example_runs(
         sqs.send_message(QueueUrl=url, MessageBody=order)
 
     def drained() -> bool:
+        """Every order deleted, and then its batch's slots removed from the log (the
+        driver removes them once SQS answered the deletes: a moment after the queue is
+        empty, and before the query is stopped here)."""
         names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
         counts = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
-        return sum(map(int, counts.values())) == 0
+        return sum(map(int, counts.values())) == 0 and s3_keys(bucket) == []
 
     before = {query.id for query in spark.streams.active}
     try:
         exec(compile(block, page, "exec"), {"spark": spark})
         # deleted only once their batch committed: every order is in the output then
-        wait_until(drained, timeout=90, what="the orders written and deleted")
+        wait_until(drained, timeout=90, what="the orders written, deleted and their slots removed")
     finally:
         for query in spark.streams.active:
             if query.id not in before:
@@ -61,4 +64,3 @@ def test_the_streaming_example_runs(
         sqs.delete_queue(QueueUrl=url)
     written = spark.read.parquet(output)  # what the file sink's own log lists
     assert sorted(row.body for row in written.collect()) == sorted(orders)
-    assert s3_keys(bucket) == []  # every batch's slots removed
