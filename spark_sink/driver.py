@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import structlog
 
 from sqsworker.clock import SystemClock
-from sqsworker.lease import Held, LeaseKeeper
+from sqsworker.lease import Held, HeldLease, LeaseKeeper
 from sqsworker.logs import LogObserver
 from sqsworker.message import Message
 from sqsworker.transports import QueueInfo
@@ -281,7 +281,8 @@ class SourceLog(LogObserver):
         if will_retry:
             super().delete_failed(message, reason, will_retry)
             return
-        if isinstance(message.lease, Held) and message.lease.disowned:
+        held = message.lease.held if isinstance(message.lease, HeldLease) else None
+        if held is not None and held.disowned:
             # Some servers delete on a stale receipt handle, some do not.
             self._for(message).warning(
                 "delete of a committed message not confirmed: its lease was lost, so it "

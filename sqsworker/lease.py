@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ __all__ = [
     "NEAR_CAP",
     "RETRY_AFTER_ERROR",
     "Held",
+    "HeldLease",
     "IllegalTransition",
     "LeaseKeeper",
     "Snapshot",
@@ -77,9 +79,9 @@ class Held(Entry):
         # step fails after that no longer owns it, once another thread took it back.
         self.deferrals = 0
         self.queued_at = 0.0  # when the inbox queued it to run (with a hand-over set)
-        self.message = Message(envelope, keeper.transport.info.name, self)
+        self.message = Message(envelope, keeper.transport.info.name, HeldLease(self))
 
-    # -- the Lease protocol ------------------------------------------------------
+    # -- what its ``HeldLease`` reads ---------------------------------------------
 
     @property
     def seconds_left(self) -> float:
@@ -94,6 +96,49 @@ class Held(Entry):
 
     def extend(self, seconds: int) -> float:
         return self.keeper.extend(self, seconds)
+
+
+class HeldLease:
+    """``message.lease`` of a held message: a view of its ``Held``, by weak reference.
+
+    The ``Held`` keeps its message; were the message to keep the ``Held``, every message
+    would sit in a reference cycle, freed only by the cyclic garbage collector, whose
+    passes over everything alive then cost a worker as much CPU as its log lines. The
+    worker keeps the ``Held`` while it runs or settles the message; a view that outlives
+    it reads as a lease lost (``extend`` raises ``LeaseLost``), which it is to whoever
+    kept only the message.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self, held: Held) -> None:
+        self._held = weakref.ref(held)
+
+    @property
+    def held(self) -> Held | None:
+        """The worker's hold of the message, while it keeps one."""
+        return self._held()
+
+    @property
+    def seconds_left(self) -> float:
+        held = self._held()
+        return 0.0 if held is None else held.seconds_left
+
+    @property
+    def lost(self) -> bool:
+        held = self._held()
+        return True if held is None else held.lost
+
+    @property
+    def may_hold_for(self) -> float:
+        held = self._held()
+        return 0.0 if held is None else held.may_hold_for
+
+    def extend(self, seconds: int) -> float:
+        held = self._held()
+        if held is None:
+            raise LeaseLost("the worker no longer holds this message")
+        return held.extend(seconds)
 
 
 def _message(entry: Entry) -> Message:
