@@ -9,7 +9,9 @@ from the last delete to the worker's exit, the process's CPU time per message (e
 thread, the in-memory SQS's included; ``--metrics`` adds the Prometheus metrics as
 ``sqsworker run`` has them) and the part of it the in-memory SQS's calls took (the
 service's work, which real SQS does elsewhere), and the folder sqsworker was
-imported from, the process's peak resident memory and its most threads at once. ``sleepN``
+imported from, the process's peak resident memory and its most threads at once. The
+cyclic garbage collector is set as ``sqsworker run`` sets it (``settle_heap``, in a tree
+that has it); ``--collector python`` leaves Python's defaults. ``sleepN``
 handlers sleep N ms on their thread; ``asleepN`` handlers are ``async def`` and
 await ``asyncio.sleep`` for N ms, as coroutines on the worker's event loop. ``--idle S``
 instead runs a worker (not in burst mode, ``--wait-time`` 20 unless told) on an empty
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import sqsworker
+import sqsworker.process
 from sqsworker import Message, Worker, WorkerConfig
 from sqsworker.events import Observer, Observers, Tally
 from sqsworker.transports import Transport, send_all
@@ -86,6 +89,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--idle", type=float, default=0, help="seconds on an empty queue")
     parser.add_argument("--metrics", action="store_true", help="with Prometheus metrics")
+    parser.add_argument(
+        "--collector",
+        choices=["run", "python"],
+        default="run",
+        help="the cyclic garbage collector as `sqsworker run` sets it, or Python's defaults",
+    )
     parser.add_argument("--wait-time", type=int, default=20, help="long poll seconds, --idle")
     args = parser.parse_args()
     if args.idle:
@@ -112,6 +121,10 @@ def main() -> None:
 
         metrics = Metrics(config.queue, "bench.drain")
         observers.append(metrics)
+    if args.collector == "run":
+        settle_heap = getattr(sqsworker.process, "settle_heap", None)  # a tree before it: none
+        if settle_heap is not None:
+            settle_heap()
     started = time.perf_counter()
     cpu = time.process_time()
     worker = Worker(

@@ -26,7 +26,7 @@ from .events import Observer, Observers, Tally
 from .exits import EXIT_STARTUP, EXIT_USAGE, Signals, fail
 from .importer import refuse_a_path
 from .metrics import Metrics
-from .process import Named, Process, configure, find_handlers
+from .process import Named, Process, configure, find_handlers, settle_heap
 from .telemetry import TelemetryServer
 from .version import __version__
 from .worker import Worker
@@ -230,6 +230,7 @@ def run(
     # asyncio.to_thread calls too) that the interpreter would wait for at exit: then the
     # process leaves at once, as thread handlers' daemon threads let it.
     abandoned: int | None = None
+    settle_heap()
     try:
         try:
             process.start()

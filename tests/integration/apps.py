@@ -11,6 +11,9 @@ take; kind "fail" always raises, "fail_once" raises on the first receive.
 ``typed`` and ``typed_async``: given the body as a pydantic model (``Order``) or a
 dataclass (``OrderData``) and, the second, the message: "done KIND ID ...".
 
+``collector``: appends "gc YOUNG FROZEN": the cyclic garbage collector's young threshold
+and the number of objects frozen, as the handler's process has them.
+
 ``measure``: appends the SHA-256 and the length of the body it was given to $LEDGER.
 
 ``traced``: opens a span of its own (OpenTelemetry) and logs a line inside it.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import hashlib
 import os
 import time
@@ -60,6 +64,12 @@ def work(message: sqsworker.Message) -> None:
     _record("start", body, message)
     time.sleep(float(body.get("sleep", 0)))
     _finish(body, message)
+
+
+@sqsworker.handler()
+def collector(message: sqsworker.Message) -> None:
+    young = gc.get_threshold()[0]
+    _record("gc", {"kind": young, "id": gc.get_freeze_count()}, message)
 
 
 @sqsworker.handler()
