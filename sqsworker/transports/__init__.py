@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from ..errors import TransportError
+
 # Per-entry error codes that mean "this receipt handle no longer owns the message".
 LEASE_LOST_CODES = frozenset(
     {"ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidReceiptHandle"}
@@ -161,20 +163,21 @@ class Transport(Protocol):
 
 def check_batch(ids: Sequence[str]) -> None:
     """SQS's rules for the entries of a batch call; a breach refuses the whole call."""
-    from ..errors import TransportError
-
-    def refuse(code: str, text: str) -> TransportError:
-        return TransportError(f"{code}: {text}", code=code)
-
+    if 0 < len(ids) <= MAX_BATCH and len(set(ids)) == len(ids) and all(map(_BATCH_ID.match, ids)):
+        return  # every batch the worker makes: checked in one pass
     if not ids:
-        raise refuse("EmptyBatchRequest", "there should be at least one entry in the request")
+        raise _refused("EmptyBatchRequest", "there should be at least one entry in the request")
     if len(ids) > MAX_BATCH:
-        raise refuse("TooManyEntriesInBatchRequest", "at most 10 entries per batch")
+        raise _refused("TooManyEntriesInBatchRequest", "at most 10 entries per batch")
     if len(set(ids)) != len(ids):
-        raise refuse("BatchEntryIdsNotDistinct", "two or more entries have the same Id")
+        raise _refused("BatchEntryIdsNotDistinct", "two or more entries have the same Id")
     for entry_id in ids:
         if not _BATCH_ID.match(entry_id):
-            raise refuse("InvalidBatchEntryId", f"batch entry id {entry_id!r} is not valid")
+            raise _refused("InvalidBatchEntryId", f"batch entry id {entry_id!r} is not valid")
+
+
+def _refused(code: str, text: str) -> TransportError:
+    return TransportError(f"{code}: {text}", code=code)
 
 
 def chunks(items: Sequence[Any], size: int = MAX_BATCH) -> list[Sequence[Any]]:
@@ -199,8 +202,6 @@ def send_batches(items: Iterable[T], size: Callable[[T], int]) -> Iterator[list[
 
 def send_all(transport: Transport, messages: Sequence[OutgoingMessage | str]) -> list[str]:
     """Send any number of messages in batches of 10; raise if any entry fails."""
-    from ..errors import TransportError
-
     outgoing = [m if isinstance(m, OutgoingMessage) else OutgoingMessage(m) for m in messages]
     ids: list[str] = []
     for batch in chunks(outgoing):

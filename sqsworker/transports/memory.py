@@ -23,7 +23,7 @@ import json
 import random
 import threading
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -74,7 +74,9 @@ class MemorySQS:
         self.request_errors: Counter[tuple[str, str]] = Counter()  # (action, code) -> failures
         self._queues: dict[str, MemoryQueue] = {}
         self._faults: dict[str, list[Exception]] = {}
-        self._deleted: dict[tuple[str, str], StoredMessage] = {}  # (queue, id): for deliver_again
+        # (queue, id): for deliver_again, oldest first (a dict's first key, once the keys
+        # before it were deleted, is found by walking over their holes)
+        self._deleted: OrderedDict[tuple[str, str], StoredMessage] = OrderedDict()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # notified when messages may be ready
 
@@ -294,7 +296,7 @@ class MemorySQS:
         """The latest deleted messages, for ``deliver_again``. Under ``_lock``."""
         self._deleted[(name, message.message_id)] = message
         if len(self._deleted) > DELETED_KEPT:
-            del self._deleted[next(iter(self._deleted))]
+            self._deleted.popitem(last=False)
 
     def change_visibility_batch(
         self, name: str, entries: Sequence[tuple[str, str, int]]
