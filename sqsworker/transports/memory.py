@@ -238,7 +238,7 @@ class MemorySQS:
                 self.clock.wait(self._changed, wake)
 
     def _dead_letter(self, queue: MemoryQueue, message: StoredMessage) -> None:
-        del queue.messages[message.message_id]
+        queue.remove(message.message_id)
         target = queue.info.dead_letter_arn or ""
         dlq = self._queues.get(target.rsplit(":", 1)[-1])
         if dlq is None:
@@ -286,7 +286,7 @@ class MemorySQS:
                         EntryFailure(entry_id, "ReceiptHandleIsInvalid", "the handle expired")
                     )
                 else:
-                    del queue.messages[message.message_id]
+                    queue.remove(message.message_id)
                     self._remember_deleted(name, message)
                     result.succeeded.append(entry_id)
             self._changed.notify_all()  # a FIFO group may be unblocked

@@ -98,6 +98,19 @@ class MemoryQueue:
         default_factory=OrderedDict
     )
     sequence: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    removed: int = 0  # messages removed since ``messages`` was last rebuilt
+
+    def remove(self, message_id: str) -> None:
+        """Forget a message: deleted, or moved to the dead-letter queue.
+
+        Every receive iterates ``messages`` from the oldest, and a dict's iteration walks
+        the holes its removals left, until it is rebuilt: so it is rebuilt (in the same
+        order) once the holes outnumber the messages."""
+        del self.messages[message_id]
+        self.removed += 1
+        if self.removed > max(64, len(self.messages)):
+            self.messages = dict(self.messages)
+            self.removed = 0
 
     # -- receiving ---------------------------------------------------------------------
 
