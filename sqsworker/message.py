@@ -43,7 +43,8 @@ class Lease(Protocol):
 
     @property
     def lost(self) -> bool:
-        """True once the lease could not be kept: another consumer may now have the message."""
+        """True once the lease could not be kept: another consumer may now have the message.
+        Also true of a message kept after the worker is done with it (deleted or returned)."""
         ...
 
     def extend(self, seconds: int) -> float:
