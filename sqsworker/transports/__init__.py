@@ -29,7 +29,7 @@ MAX_BATCH_BYTES = 1_048_576  # SendMessageBatch: its messages in all, whatever t
 # A MessageGroupId SQS takes, on a FIFO or a standard (fair) queue: 1 to 128 letters,
 # digits and punctuation, no spaces.
 GROUP_ID = re.compile(r"^[!-~]{1,128}$")
-_BATCH_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+_BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 T = TypeVar("T")
 
 
@@ -163,7 +163,11 @@ class Transport(Protocol):
 
 def check_batch(ids: Sequence[str]) -> None:
     """SQS's rules for the entries of a batch call; a breach refuses the whole call."""
-    if 0 < len(ids) <= MAX_BATCH and len(set(ids)) == len(ids) and all(map(_BATCH_ID.match, ids)):
+    if (
+        0 < len(ids) <= MAX_BATCH
+        and len(set(ids)) == len(ids)
+        and all(map(_BATCH_ID.fullmatch, ids))
+    ):
         return  # every batch the worker makes: checked in one pass
     if not ids:
         raise _refused("EmptyBatchRequest", "there should be at least one entry in the request")
@@ -172,7 +176,7 @@ def check_batch(ids: Sequence[str]) -> None:
     if len(set(ids)) != len(ids):
         raise _refused("BatchEntryIdsNotDistinct", "two or more entries have the same Id")
     for entry_id in ids:
-        if not _BATCH_ID.match(entry_id):
+        if not _BATCH_ID.fullmatch(entry_id):
             raise _refused("InvalidBatchEntryId", f"batch entry id {entry_id!r} is not valid")
 
 

@@ -262,6 +262,9 @@ def test_invalid_handle_fails_its_entry_not_the_batch(env: Env) -> None:
     [
         ([], "EmptyBatchRequest"),
         ([(str(i), f"h{i}") for i in range(11)], "TooManyEntriesInBatchRequest"),
+        ([("a", "h1"), ("a", "h2")], "BatchEntryIdsNotDistinct"),
+        ([("a\n", "h1")], "InvalidBatchEntryId"),  # a pattern's $ let a final newline by
+        ([("a" * 81, "h1")], "InvalidBatchEntryId"),
     ],
 )
 def test_malformed_batches_are_refused_whole(
