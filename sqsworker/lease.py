@@ -102,11 +102,10 @@ class HeldLease:
     """``message.lease`` of a held message: a view of its ``Held``, by weak reference.
 
     The ``Held`` keeps its message; were the message to keep the ``Held``, every message
-    would sit in a reference cycle, freed only by the cyclic garbage collector, whose
-    passes over everything alive then cost a worker as much CPU as its log lines. The
-    worker keeps the ``Held`` while it runs or settles the message; a view that outlives
-    it reads as a lease lost (``extend`` raises ``LeaseLost``), which it is to whoever
-    kept only the message.
+    would sit in a reference cycle, and its memory (a body of up to 1 MiB) would wait
+    for the cyclic garbage collector's next full pass. The worker keeps the ``Held``
+    while it runs or settles the message; a view that outlives it reads as a lease lost
+    (``extend`` raises ``LeaseLost``), which it is to whoever kept only the message.
     """
 
     __slots__ = ("_held",)

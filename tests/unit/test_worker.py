@@ -256,8 +256,8 @@ def test_a_message_is_freed_once_settled_without_the_cyclic_collector(
 ) -> None:
     """A message and its hold refer to each other only one way: what the worker is done
     with goes at once, not at the cyclic collector's next pass (a body can be 1 MiB, and
-    those passes over every message in flight cost a worker as much CPU as its log
-    lines). A lease kept past its message reads as lost."""
+    those passes over every message in flight cost CPU a message). A lease kept past
+    its message reads as lost."""
     leases: list[Any] = []
 
     def handler(message: Message) -> None:
