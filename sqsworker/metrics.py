@@ -1,23 +1,38 @@
 """Prometheus metrics: an ``Observer`` for what happens, a collector for what is held.
 
-Counters and histograms move with the worker's events. What the worker holds
-now (messages by state, the oldest lease's distance to the 12-hour cap, SQS
-requests so far) is read from the worker when Prometheus scrapes, so the hot
-path pays nothing for it. Several handlers' ``Metrics`` may share one registry (one
-process, one /metrics): each series is labelled with its queue and handler. Every
+Counters and histograms move with the worker's events. Those that move with every
+message or batch (received, succeeded, deleted, renewed, the handler's time, the
+message's age and receive count) are ``Tally`` families: each thread adds to counts of
+its own, with no lock, and a scrape sums them. (prometheus_client's own take a lock for
+every counter increment and every histogram bucket: seven a message, and under load a
+thread that lost the interpreter while holding one stopped every thread that wanted
+it.) What the worker holds now (messages by state, the oldest lease's distance to the
+12-hour cap, SQS requests so far) is read from the worker when Prometheus scrapes, so
+the hot path pays nothing for it. Several handlers' ``Metrics`` may share one registry
+(one process, one /metrics): each series is labelled with its queue and handler. Every
 metric is listed in docs/observability.md.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import time
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from .clock import Clock, SystemClock
 from .config import MAX_VISIBILITY
@@ -40,6 +55,100 @@ def queue_name(queue: str) -> str:
     return queue.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
 
 
+class Tally:
+    """One series' counts, kept apart by thread: each thread adds to a list of its own,
+    so no lock is taken and no increment is lost; ``read`` sums the threads' lists.
+
+    A histogram's list holds a count per bucket (the first whose upper bound is at least
+    the value; the last is +Inf), then the sum; a counter's holds its value last. A
+    scrape reads each list as it stands, so it may see a bucket counted and its sum not
+    yet, as prometheus_client's own series may (they lock each number, not both)."""
+
+    __slots__ = ("_lists", "_local", "bounds", "created")
+
+    def __init__(self, bounds: Sequence[float] = ()) -> None:
+        self.bounds = tuple(bounds)
+        self.created = time.time()
+        self._local = threading.local()
+        self._lists: list[list[float]] = []  # every thread's, kept once the thread ends
+
+    def _own(self) -> list[float]:
+        try:
+            counts: list[float] = self._local.counts
+        except AttributeError:
+            counts = self._local.counts = [0] * (len(self.bounds) + 2)
+            self._lists.append(counts)  # one append: whole under the interpreter lock
+        return counts
+
+    def inc(self, amount: float = 1) -> None:
+        self._own()[-1] += amount
+
+    def observe(self, value: float) -> None:
+        counts = self._own()
+        counts[bisect_left(self.bounds, value)] += 1
+        counts[-1] += value
+
+    def read(self) -> list[float]:
+        """The sums over every thread: the buckets' counts (not cumulative), then the sum."""
+        total = [0.0] * (len(self.bounds) + 2)
+        for counts in list(self._lists):
+            for i, n in enumerate(counts):
+                total[i] += n
+        return total
+
+
+class TallyFamily(Collector):
+    """A counter or histogram family whose series are ``Tally``s, labelled alike."""
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: Sequence[float] = (),
+    ) -> None:
+        self.kind, self.name, self.documentation = kind, name, documentation
+        self.labelnames = tuple(labelnames)
+        self.buckets = tuple(float(b) for b in buckets)
+        self._series: dict[tuple[str, ...], Tally] = {}
+        self._lock = threading.Lock()  # only to add a series
+
+    def labels(self, **labels: str) -> Tally:
+        key = tuple(labels[name] for name in self.labelnames)
+        series = self._series.get(key)
+        if series is None:
+            with self._lock:
+                series = self._series.setdefault(key, Tally(self.buckets))
+        return series
+
+    def collect(self) -> Iterator[Metric]:
+        series = list(self._series.items())  # in the order they came, as prometheus_client
+        if self.kind == "counter":
+            counter = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+            for key, tally in series:
+                counter.add_metric(list(key), tally.read()[-1], created=tally.created)
+            yield counter
+            return
+        histogram = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        bounds = [_go_float(b) for b in (*self.buckets, math.inf)]
+        for key, tally in series:
+            counts, cumulative, buckets = tally.read(), 0.0, []
+            for bound, count in zip(bounds, counts, strict=False):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            histogram.add_metric(list(key), buckets, counts[-1])
+            labels = dict(zip(self.labelnames, key, strict=True))
+            histogram.samples.append(Sample(f"{self.name}_created", labels, tally.created))
+        yield histogram
+
+
+def _go_float(value: float) -> str:
+    """A bucket's bound as its ``le`` label, as prometheus_client writes it."""
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
 class _Families:
     """The metric families of one registry: the handlers of one process share them, each
     with its own queue and handler labels."""
@@ -50,8 +159,15 @@ class _Families:
         def counter(name: str, text: str, *extra: str) -> Counter:
             return Counter(name, text, [*LABELS, *extra], registry=r)
 
-        self.messages_received = counter("sqsworker_messages_received", "Messages received.")
-        self.messages_succeeded = counter(
+        def tally(name: str, text: str, *extra: str, buckets: Sequence[float] = ()) -> TallyFamily:
+            family = TallyFamily(
+                "histogram" if buckets else "counter", name, text, [*LABELS, *extra], buckets
+            )
+            r.register(family)
+            return family
+
+        self.messages_received = tally("sqsworker_messages_received", "Messages received.")
+        self.messages_succeeded = tally(
             "sqsworker_messages_succeeded", "Messages whose handler returned normally."
         )
         self.messages_failed = counter(
@@ -91,7 +207,7 @@ class _Families:
             "backoff, and the thread goes on.",
             "exception",
         )
-        self.deletes = counter(
+        self.deletes = tally(
             "sqsworker_deletes",
             "Messages deleted: after success, or once a rejected message was copied to the "
             "dead-letter queue.",
@@ -101,7 +217,7 @@ class _Families:
             "Deletes that failed; will_retry=false means the message may be delivered again.",
             "will_retry",
         )
-        self.extensions = counter(
+        self.extensions = tally(
             "sqsworker_visibility_extensions", "Leases renewed (one per message per renewal)."
         )
         self.leases_lost = counter(
@@ -158,26 +274,21 @@ class _Families:
             "Times an async handler blocked the event loop for 0.5 s or more (every "
             "coroutine waited); the log line says where.",
         )
-        self.duration = Histogram(
+        self.duration = tally(
             "sqsworker_handler_duration_seconds",
             "Handler run time, by outcome (success, failure, retry, rejected).",
-            [*LABELS, "outcome"],
+            "outcome",
             buckets=DURATION_BUCKETS,
-            registry=r,
         )
-        self.age = Histogram(
+        self.age = tally(
             "sqsworker_message_age_seconds",
             "Time from SentTimestamp until the handler started.",
-            LABELS,
             buckets=AGE_BUCKETS,
-            registry=r,
         )
-        self.receive_count = Histogram(
+        self.receive_count = tally(
             "sqsworker_message_receive_count",
             "ApproximateReceiveCount of each message when its handler started.",
-            LABELS,
             buckets=RECEIVE_COUNT_BUCKETS,
-            registry=r,
         )
         self.build_info = Gauge(
             "sqsworker_info", "Always 1; its labels tell the version.", ["version"], registry=r
