@@ -154,14 +154,14 @@ class Inbox:
 
     def room_changed(self) -> None:
         """Room or state changed: a receive thread waiting for room is woken if one would
-        act now (the one woken wakes the next if another would); every waiter on
-        ``slots`` at the end (closing, nothing unfinished: the shutdown waits for that).
+        act now (the one woken wakes the next if another would), and at the end (closing,
+        nothing unfinished) every waiter on ``slots``: the shutdown waits for that.
         Waking them all on every delete answered kept 32 receive threads (256 coroutines)
         waking for the GIL, 3.5 times a message, to find nothing to do. Under ``lock``."""
         wake = self.wake_receiver
         if self.closing or self.unfinished <= 0 or wake is None:
             self.slots.notify_all()
-        else:
+        if wake is not None:
             wake()
 
     # -- the handler side --------------------------------------------------------------
@@ -359,6 +359,8 @@ class Inbox:
             self.unfinished -= len(waiting)
             self.closing = True
             self.slots.notify_all()
+            if self.wake_receiver is not None:
+                self.wake_receiver()
             self.runnable.notify_all()
             self._unpark(len(self._parked))
             if self._watcher is not None:

@@ -98,7 +98,10 @@ class Receiver:
         # By receive thread: when its receive began, and how many it asked for.
         self._polls_began: dict[int, tuple[float, int]] = {}
         self._paused_until = -math.inf  # no receive starts before (after a failure, idle)
-        self._waiting = 0  # receive threads waiting for room
+        # Each receive thread waits for room on a condition of its own (on inbox.lock);
+        # those waiting, the last to begin its wait last: wake() wakes that one.
+        self._conditions = [threading.Condition(inbox.lock) for _ in range(room.pollers)]
+        self._idle: list[threading.Condition] = []
         self._woken = False  # one of them was woken by wake() and is not back yet
         self._failures = 0  # receives failed in a row
         # Since when the receives have failed in a row (None while SQS answers), and why.
@@ -249,7 +252,7 @@ class Receiver:
         with self.inbox.lock:
             first = not self.stopping.is_set()
             self.stopping.set()
-            self.inbox.slots.notify_all()
+            self._wake_all()
         if first:
             self.observer.burst_finished()
         return False
@@ -286,7 +289,7 @@ class Receiver:
             progress.idle()  # waiting on the handlers is not being stuck
             while not self.stopping.is_set():
                 if self.clock.monotonic() < self._paused_until:
-                    self._wait(self._paused_until)
+                    self._wait(index, self._paused_until)
                     continue
                 asked, flush = self._look()
                 if asked:
@@ -299,16 +302,19 @@ class Receiver:
                     # Only unanswered deletes and returns stand in the way: send them now
                     # rather than after --delete-interval, so the handlers are not starved.
                     self._keeper.flush()
-                self._wait(None)
+                self._wait(index, None)
             return 0
 
-    def _wait(self, deadline: float | None) -> None:
-        """Wait for room (or until ``deadline``), counted for ``wake``. Under inbox.lock."""
-        self._waiting += 1
+    def _wait(self, index: int, deadline: float | None) -> None:
+        """Wait for room (or until ``deadline``), among the idle for ``wake``. Under
+        inbox.lock."""
+        condition = self._conditions[index]
+        self._idle.append(condition)
         try:
-            self.clock.wait(self.inbox.slots, deadline)
+            self.clock.wait(condition, deadline)
         finally:
-            self._waiting -= 1
+            if condition in self._idle:  # not taken by wake(): its deadline, or all woken
+                self._idle.remove(condition)
             self._woken = False  # back, whatever woke it: it looks before it waits again
 
     def _look(self) -> tuple[int, bool]:
@@ -335,16 +341,29 @@ class Receiver:
         receive threads), waking them all for every message finished took the event
         loop's thread a seventh of its time; waking one for each, while the one woken
         before waited for the GIL, three quarters (each wake-up handed the CPU to the
-        thread woken). Under inbox.lock."""
+        thread woken).
+
+        The one woken is the one that began to wait last: while one receive at a time
+        keeps the handlers fed (SQS answers at once), one thread makes them all and the
+        others stay asleep. Woken oldest first, every receive went to another thread,
+        each waking on a CPU the last had left (3 receive threads for 10 handler threads,
+        1.5 context switches a message). Under inbox.lock."""
         if self.stopping.is_set():
-            self.inbox.slots.notify_all()
-        elif self._woken or self._waiting == 0:
+            self._wake_all()
+        elif self._woken or not self._idle:
             return
         elif self.clock.monotonic() >= self._paused_until:  # a paused one wakes by the clock
             asked, flush = self._look()
             if asked or flush:
                 self._woken = True
-                self.inbox.slots.notify()
+                self._idle.pop().notify()
+
+    def _wake_all(self) -> None:
+        """Every receive thread waiting (stopping), and the shutdown's waits. Under
+        inbox.lock."""
+        self.inbox.slots.notify_all()
+        for condition in self._idle:
+            condition.notify()
 
     def _queue_is_empty(self) -> bool:
         assert self._transport is not None and self._keeper is not None

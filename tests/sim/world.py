@@ -1002,13 +1002,13 @@ class World:
             worker = running.worker
             if running.crashed or running.stopped_at is not None or not worker.started:
                 continue
-            receiver, slots = worker.receiver, worker.inbox.slots
+            receiver = worker.receiver
             waiting = [
                 task
                 for task in self.clock.live()
                 if task.group == running.group
                 and task.name.startswith("sqsworker-receiver")
-                and task.cond is slots
+                and any(task.cond is c for c in receiver._conditions)
             ]
             if receiver.stopping.is_set():
                 continue

@@ -324,23 +324,28 @@ def test_a_lease_shortened_by_extend_is_lost_at_its_new_end_when_its_renewal_han
     assert rig.stop() == 0
 
 
-class CountingWaits(threading.Condition):
-    """The inbox's ``slots``, counting the waits the receive threads make on it."""
+class Waits:
+    """The waits the receive threads make for room: so far, and now."""
 
-    def __init__(self, lock: Any) -> None:
+    def __init__(self) -> None:
+        self.made = 0
+        self.now = 0
+
+
+class CountingWaits(threading.Condition):
+    """A receive thread's condition, counting its waits in ``waits``."""
+
+    def __init__(self, lock: Any, waits: Waits) -> None:
         super().__init__(lock)
-        self.receiver_waits = 0  # so far
-        self.receivers_waiting = 0  # now
+        self.waits = waits
 
     def wait(self, timeout: float | None = None) -> bool:
-        if not threading.current_thread().name.startswith("sqsworker-receiver"):
-            return super().wait(timeout)
-        self.receiver_waits += 1
-        self.receivers_waiting += 1
+        self.waits.made += 1
+        self.waits.now += 1
         try:
             return super().wait(timeout)
         finally:
-            self.receivers_waiting -= 1
+            self.waits.now -= 1
 
 
 def test_room_for_one_receive_wakes_one_receive_thread_not_all(
@@ -354,20 +359,21 @@ def test_room_for_one_receive_wakes_one_receive_thread_not_all(
     permits = threading.Semaphore(0)
     rig = Rig(memory, clock, lambda m: permits.acquire(), concurrency=250, prefetch=10)
     assert rig.worker.pollers == 26
-    inbox = rig.worker.inbox
-    slots = inbox.slots = CountingWaits(inbox.lock)
+    receiver, waits = rig.worker.receiver, Waits()
+    conditions = receiver._conditions
+    conditions[:] = [CountingWaits(rig.worker.inbox.lock, waits) for _ in conditions]
     rig.send(*[f"m{i}" for i in range(300)])
     rig.worker.start()
     rig.wait_for("received", 260)
-    wait_until(lambda: slots.receivers_waiting == 26, what="every receive thread waiting")
-    before = slots.receiver_waits
+    wait_until(lambda: waits.now == 26, what="every receive thread waiting")
+    before = waits.made
     for _ in range(10):
         permits.release()
     rig.wait_for("deleted", 10)
     rig.wait_for("received", 270)
-    wait_until(lambda: slots.receivers_waiting == 26, what="every receive thread waiting")
+    wait_until(lambda: waits.now == 26, what="every receive thread waiting")
     assert rig.count("received") == 270  # one receive of ten
-    assert slots.receiver_waits - before <= 3, slots.receiver_waits - before
+    assert waits.made - before <= 3, waits.made - before
     for _ in range(300):
         permits.release()
     rig.wait_for("deleted", 300)
