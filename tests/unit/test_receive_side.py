@@ -325,11 +325,13 @@ def test_a_lease_shortened_by_extend_is_lost_at_its_new_end_when_its_renewal_han
 
 
 class Waits:
-    """The waits the receive threads make for room: so far, and now."""
+    """The waits the receive threads make for room: so far, and now (by thread, in the
+    order their waits began)."""
 
     def __init__(self) -> None:
         self.made = 0
         self.now = 0
+        self.waiting: list[str] = []
 
 
 class CountingWaits(threading.Condition):
@@ -340,12 +342,70 @@ class CountingWaits(threading.Condition):
         self.waits = waits
 
     def wait(self, timeout: float | None = None) -> bool:
+        name = threading.current_thread().name
         self.waits.made += 1
         self.waits.now += 1
+        self.waits.waiting.append(name)
         try:
             return super().wait(timeout)
         finally:
             self.waits.now -= 1
+            self.waits.waiting.remove(name)
+
+
+class NamingReceives:
+    """The in-memory transport, noting which thread made each receive that brought any."""
+
+    def __init__(self, transport: MemoryTransport) -> None:
+        self._transport = transport
+        self.by: list[str] = []
+
+    def receive(self, *args: Any, **kwargs: Any) -> list[Envelope]:
+        envelopes = self._transport.receive(*args, **kwargs)
+        if envelopes:
+            self.by.append(threading.current_thread().name)
+        return envelopes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def test_room_for_one_receive_wakes_the_receive_thread_that_waited_least(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Three receive threads wait for room, each on a condition of its own; room for a
+    receive wakes the one whose wait began last. Woken longest-waiting first, each receive went
+    to another thread in turn (1.5 context switches a message with 3 receive threads for
+    10 handler threads, at an endpoint that answers at once); woken last first, a thread
+    that keeps the handlers fed alone makes every receive, and the others sleep."""
+    permits = threading.Semaphore(0)
+    memory.create_queue_with_dlq("jobs", 3)
+    receives = NamingReceives(memory.transport("jobs"))
+    rig = Rig(
+        memory, clock, lambda m: permits.acquire(), transport=receives, concurrency=30, prefetch=0
+    )
+    assert rig.worker.pollers == 3
+    receiver, waits = rig.worker.receiver, Waits()
+    conditions = receiver._conditions
+    conditions[:] = [CountingWaits(rig.worker.inbox.lock, waits) for _ in conditions]
+    rig.send(*[f"m{i}" for i in range(60)])
+    rig.worker.start()
+    rig.wait_for("received", 30)
+    wait_until(lambda: waits.now == 3, what="every receive thread waiting")
+    with rig.worker.inbox.lock:
+        last, before = waits.waiting[-1], len(receives.by)
+    for _ in range(10):
+        permits.release()
+    rig.wait_for("received", 40)
+    wait_until(lambda: waits.now == 3, what="every receive thread waiting again")
+    assert rig.count("received") == 40
+    # Each room for a few (a thread idle) or a batch: a receive, by the thread that waited
+    # least, which waits least again once back.
+    assert receives.by[before:] and set(receives.by[before:]) == {last}
+    for _ in range(60):
+        permits.release()
+    rig.wait_for("deleted", 60)
+    assert rig.stop() == 0
 
 
 def test_room_for_one_receive_wakes_one_receive_thread_not_all(
