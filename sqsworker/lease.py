@@ -187,12 +187,13 @@ class LeaseKeeper:
         self.on_released = on_released
         self.machine = LeaseMachine(delete_interval)  # guarded by _lock, as is every Held
         self._lock = threading.Lock()
-        # The lease thread, stop() and extend() callers wait on _wake. The senders wait on
-        # conditions of their own, so waking the lease thread (once per finished message
-        # at times) wakes no sender, and a call queued wakes one sender, not all of them.
+        # The lease thread, stop() and extend() callers wait on _wake. Each sender waits on
+        # a condition of its own, so waking the lease thread (once per finished message at
+        # times) wakes no sender, and a call queued wakes one sender, not all of them: the
+        # idle one that began to wait last (``_idle``), so while one sender keeps up, one
+        # makes every call (woken longest-waiting first, each call went to another thread
+        # in turn, waking on a CPU the last had left).
         self._wake = threading.Condition(self._lock)
-        self._call_ready = threading.Condition(self._lock)  # the general senders
-        self._renewal_ready = threading.Condition(self._lock)  # the renewals-only sender
         # The lease thread waits until then (inf: until woken); -inf while it works.
         self._waiting_until = -math.inf
         self._thread: Task | None = None
@@ -202,6 +203,8 @@ class LeaseKeeper:
         self._settle_calls: deque[Call] = deque()
         # One sender for renewals only, and ``senders`` for every call, renewals first.
         self._senders = [Progress(clock) for _ in range(1 + max(1, min(senders, MAX_SENDERS)))]
+        self._ready = [threading.Condition(self._lock) for _ in self._senders]
+        self._idle: list[threading.Condition] = []  # general senders waiting, latest last
         self._senders_alive = 0
 
     @property
@@ -218,7 +221,7 @@ class LeaseKeeper:
     def start(self) -> None:
         self._senders_alive = len(self._senders)
         for index, progress in enumerate(self._senders):
-            send = partial(self._send, progress, renewals_only=index == 0)
+            send = partial(self._send, progress, self._ready[index], renewals_only=index == 0)
             self.clock.spawn(f"sqsworker-lease-sender-{index}", send)
         self._thread = self.clock.spawn("sqsworker-lease", self._run)
 
@@ -448,8 +451,8 @@ class LeaseKeeper:
             with self._wake:
                 self._finished = True  # the senders end once the calls under way are made
                 self._wake.notify_all()
-                self._call_ready.notify_all()
-                self._renewal_ready.notify_all()
+                for ready in self._ready:
+                    ready.notify()
 
     def _loop(self) -> None:
         machine = self.machine
@@ -486,22 +489,28 @@ class LeaseKeeper:
         self._settle_calls.extend(settles)
         self._renewal_calls.extend(renews)
         if renews:
-            self._renewal_ready.notify()
-        self._call_ready.notify(len(calls))  # they take renewals first too
+            self._ready[0].notify()
+        for _ in range(min(len(calls), len(self._idle))):  # they take renewals first too
+            self._idle.pop().notify()
 
     # -- the senders: SQS calls, made outside the lock ---------------------------------
 
-    def _send(self, progress: Progress, renewals_only: bool) -> None:
+    def _send(self, progress: Progress, ready: threading.Condition, renewals_only: bool) -> None:
         """A sender thread: make the calls the lease thread queued, one at a time."""
         try:
             while True:
-                ready = self._renewal_ready if renewals_only else self._call_ready
                 with self._wake:
                     while not self._finished and not (
                         self._renewal_calls or (self._settle_calls and not renewals_only)
                     ):
                         progress.idle()
-                        self.clock.wait(ready, None)
+                        if not renewals_only:
+                            self._idle.append(ready)
+                        try:
+                            self.clock.wait(ready, None)
+                        finally:
+                            if ready in self._idle:  # woken by the lease thread's end
+                                self._idle.remove(ready)
                     if self._renewal_calls:
                         call = self._renewal_calls.popleft()
                     elif self._settle_calls and not renewals_only:
@@ -510,6 +519,9 @@ class LeaseKeeper:
                         return  # the lease thread ended and nothing is left for this one
                 progress.step(self.stall_timeout)
                 self._make(call)
+                # Not kept while idle: its messages (bodies of up to 1 MiB) would live until
+                # this sender's next call.
+                del call
                 progress.idle()
         finally:
             with self._wake:

@@ -476,3 +476,36 @@ def test_a_message_handed_back_cannot_begin_though_a_thread_took_it_just_before(
     keeper.hand_back([held])
     assert began == [False]  # it was True: the message ran after it was handed back
     assert held.message.lease.lost
+
+
+def test_each_batch_call_goes_to_the_sender_that_waited_least(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """Calls one at a time, each answered before the next is queued: the sender woken for
+    each is the one back last, so one sender makes them all. Woken longest-waiting first,
+    they went to each sender in turn, each waking on a CPU the last had left."""
+    memory.create_queue("jobs")
+    queue = memory.transport("jobs")
+    send_all(queue, [f"m{i}" for i in range(50)])
+    by: list[str] = []
+
+    class NamingDeletes(MemoryTransport):
+        def delete_batch(self, entries: Sequence[tuple[str, str]]) -> Any:
+            by.append(threading.current_thread().name)
+            return super().delete_batch(entries)
+
+    transport = NamingDeletes(memory, queue.info)
+    keeper = LeaseKeeper(transport, clock, Observer(), delete_interval=0, senders=3)
+    keeper.start()
+    general = len(keeper._ready) - 1  # and one sender for renewals only
+    assert general == 3
+    for _ in range(5):
+        wait_until(lambda: len(keeper._idle) == general, what="every sender waiting")
+        held = keeper.add(queue.receive(10, 0, 60), clock.monotonic(), 60)
+        for h in held:
+            assert keeper.begin(h)
+            keeper.succeed(h)
+        wait_until(lambda: keeper.held_count() == 0, what="the batch deleted")
+    assert len(by) == 5 and memory.counts("jobs").total == 0
+    assert len(set(by)) == 1, by
+    assert keeper.stop(5) == 0
