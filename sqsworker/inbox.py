@@ -8,8 +8,9 @@ count their room from it; the handler threads take from it; the shutdown drains 
 
 One lock guards the inbox and the receive side's counts (``Receiver`` shares it), so
 that room taken by an answered receive becomes room taken by its messages in one step.
-Conditions on it: ``slots`` (room or state changed: the receive threads and the
-shutdown wait on it; a change wakes one receive thread, and only when one would act),
+Conditions on it: ``slots`` (the shutdown waits on it for nothing unfinished; each
+receive thread waits for room on a condition of its own, and a change wakes one of them,
+the one that began to wait last, and only when one would act: ``Receiver.wake``),
 ``runnable`` (a message to run: the handler threads wait on it,
 so a message finishing wakes no idle handler thread) and a batch handler's turn to fill
 its batch. Lock order: this lock before the lease keeper's, never the other way (the
@@ -64,8 +65,8 @@ class Inbox:
         # Duplicates whose key is busy elsewhere: (when due, message), looked at again then.
         self.deferred: list[tuple[float, Held]] = []
         self.closing = False  # handler threads exit once nothing is waiting
-        # Wakes a receive thread waiting on ``slots`` if one would act now
-        # (``Receiver.wake``); None: every waiter is woken on every change.
+        # Wakes a receive thread waiting for room if one would act now (``Receiver.wake``);
+        # None (no receive thread yet): the waiters on ``slots`` are woken on every change.
         self.wake_receiver: Callable[[], None] | None = None
         # The hand-over (0: off; every message put wakes a thread on ``runnable``).
         self.hand_over = 0.0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import weakref
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -60,25 +61,38 @@ class Tally:
     so no lock is taken and no increment is lost; ``read`` sums the threads' lists.
 
     A histogram's list holds a count per bucket (the first whose upper bound is at least
-    the value; the last is +Inf), then the sum; a counter's holds its value last. A
+    the value; the last is +Inf), then the sum; a counter's holds its value last. Values
+    are finite (a duration, an age, a count): a NaN would count in the first bucket. A
     scrape reads each list as it stands, so it may see a bucket counted and its sum not
     yet, as prometheus_client's own series may (they lock each number, not both)."""
 
-    __slots__ = ("_lists", "_local", "bounds", "created")
+    __slots__ = ("_lists", "_local", "_lock", "_retired", "bounds", "created")
 
     def __init__(self, bounds: Sequence[float] = ()) -> None:
         self.bounds = tuple(bounds)
         self.created = time.time()
         self._local = threading.local()
-        self._lists: list[list[float]] = []  # every thread's, kept once the thread ends
+        self._lists: list[list[float]] = []  # each live thread's
+        self._retired = [0.0] * (len(bounds) + 2)  # the threads' that are gone, summed
+        self._lock = threading.Lock()  # between a scrape and a thread's counts retiring
 
     def _own(self) -> list[float]:
         try:
             counts: list[float] = self._local.counts
         except AttributeError:
             counts = self._local.counts = [0] * (len(self.bounds) + 2)
-            self._lists.append(counts)  # one append: whole under the interpreter lock
+            with self._lock:
+                self._lists.append(counts)
+            # A thread gone, its counts join the retired ones: threads that come and go
+            # (workers run one after another, sharing a registry) leave no list behind.
+            weakref.finalize(threading.current_thread(), self._retire, counts)
         return counts
+
+    def _retire(self, counts: list[float]) -> None:
+        with self._lock:
+            self._lists = [c for c in self._lists if c is not counts]
+            for i, n in enumerate(counts):
+                self._retired[i] += n
 
     def inc(self, amount: float = 1) -> None:
         self._own()[-1] += amount
@@ -90,10 +104,11 @@ class Tally:
 
     def read(self) -> list[float]:
         """The sums over every thread: the buckets' counts (not cumulative), then the sum."""
-        total = [0.0] * (len(self.bounds) + 2)
-        for counts in list(self._lists):
-            for i, n in enumerate(counts):
-                total[i] += n
+        with self._lock:
+            total = list(self._retired)
+            for counts in self._lists:
+                for i, n in enumerate(counts):
+                    total[i] += n
         return total
 
 

@@ -3,6 +3,7 @@ and a scrape reads exactly what prometheus_client's own families would."""
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 import threading
@@ -16,8 +17,8 @@ from sqsworker.metrics import DURATION_BUCKETS, TallyFamily
 
 @pytest.fixture
 def switching_often() -> Iterator[None]:
-    """The interpreter handed between threads every microsecond: an increment split
-    between its read and its write by another thread's would be lost."""
+    """The interpreter handed between threads every microsecond, so that an increment
+    split between its read and its write by another thread's would be lost."""
     before = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     yield
@@ -45,9 +46,15 @@ def test_threads_counting_at_once_lose_nothing(switching_often: None) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    # Each thread's counts outlive it.
-    assert took.read() == [80_000.0, 40_000.0, 40_000.0, 0.0, 8 * 5_000 * 6.0]
+    counted = [80_000.0, 40_000.0, 40_000.0, 0.0, 8 * 5_000 * 6.0]
+    assert took.read() == counted
     assert seen.read()[-1] == 160_000
+    # Each thread's counts outlive it, and once it is gone they are summed in with the
+    # others that went: threads that come and go leave no list behind.
+    del threads, thread
+    gc.collect()
+    assert took._lists == [] and seen._lists == []
+    assert took.read() == counted and seen.read()[-1] == 160_000
 
 
 def test_a_scrape_reads_what_prometheus_clients_own_families_would() -> None:
