@@ -159,9 +159,9 @@ def test_review_wake_stop_while_a_woken_thread_is_on_its_way_back(
         gate.release.set()
         rig.worker.request_stop()
         code: list[int] = []
-        t = threading.Thread(target=lambda: code.append(rig.worker.shutdown()))
+        worker = rig.worker
+        t = threading.Thread(target=lambda w=worker, c=code: c.append(w.shutdown()))
         t.start()
         t.join(10)
         assert code == [0], attempt
         assert rig.worker.receiver.alive == 0
-
