@@ -20,6 +20,7 @@ import threading
 import time
 import weakref
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
@@ -66,15 +67,19 @@ class Tally:
     scrape reads each list as it stands, so it may see a bucket counted and its sum not
     yet, as prometheus_client's own series may (they lock each number, not both)."""
 
-    __slots__ = ("_lists", "_local", "_lock", "_retired", "bounds", "created")
+    __slots__ = ("_gone", "_lists", "_local", "_lock", "_retired", "bounds", "created")
 
     def __init__(self, bounds: Sequence[float] = ()) -> None:
         self.bounds = tuple(bounds)
         self.created = time.time()
         self._local = threading.local()
-        self._lists: list[list[float]] = []  # each live thread's
+        self._lists: list[list[float]] = []  # each thread's, until it is gone
         self._retired = [0.0] * (len(bounds) + 2)  # the threads' that are gone, summed
-        self._lock = threading.Lock()  # between a scrape and a thread's counts retiring
+        # Lists of threads gone, to be summed into _retired by the next read: appended by
+        # a finalizer, which may run anywhere the cyclic collector does (inside a read,
+        # say), so it takes no lock.
+        self._gone: deque[list[float]] = deque()
+        self._lock = threading.Lock()  # guards _lists and _retired
 
     def _own(self) -> list[float]:
         try:
@@ -85,14 +90,8 @@ class Tally:
                 self._lists.append(counts)
             # A thread gone, its counts join the retired ones: threads that come and go
             # (workers run one after another, sharing a registry) leave no list behind.
-            weakref.finalize(threading.current_thread(), self._retire, counts)
+            weakref.finalize(threading.current_thread(), self._gone.append, counts)
         return counts
-
-    def _retire(self, counts: list[float]) -> None:
-        with self._lock:
-            self._lists = [c for c in self._lists if c is not counts]
-            for i, n in enumerate(counts):
-                self._retired[i] += n
 
     def inc(self, amount: float = 1) -> None:
         self._own()[-1] += amount
@@ -105,6 +104,11 @@ class Tally:
     def read(self) -> list[float]:
         """The sums over every thread: the buckets' counts (not cumulative), then the sum."""
         with self._lock:
+            while self._gone:
+                gone = self._gone.popleft()
+                self._lists = [c for c in self._lists if c is not gone]
+                for i, n in enumerate(gone):
+                    self._retired[i] += n
             total = list(self._retired)
             for counts in self._lists:
                 for i, n in enumerate(counts):

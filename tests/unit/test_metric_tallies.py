@@ -53,8 +53,8 @@ def test_threads_counting_at_once_lose_nothing(switching_often: None) -> None:
     # others that went: threads that come and go leave no list behind.
     del threads, thread
     gc.collect()
-    assert took._lists == [] and seen._lists == []
     assert took.read() == counted and seen.read()[-1] == 160_000
+    assert took._lists == [] and seen._lists == []
 
 
 def test_a_scrape_reads_what_prometheus_clients_own_families_would() -> None:
