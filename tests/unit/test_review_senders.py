@@ -67,9 +67,7 @@ def test_a_call_queued_while_every_general_sender_is_busy_is_made(
     assert keeper.stop(5) == 0
 
 
-def test_spurious_wake_ups_leave_no_duplicate_in_idle(
-    memory: MemorySQS, clock: FakeClock
-) -> None:
+def test_spurious_wake_ups_leave_no_duplicate_in_idle(memory: MemorySQS, clock: FakeClock) -> None:
     keeper, queue, transport = _keeper(memory, clock, senders=3)
     transport.go.set()
     for _ in range(20):
