@@ -2,6 +2,13 @@
 
     .venv/bin/python -m bench.spark [--messages 2000] [--latency 0.02 0.1] [--rounds 2]
                                     [--wal s3|local] [--in-flight 1 8]
+    .venv/bin/python -m bench.spark --endpoint [--latency 0.02 0.1] [--in-flight 1 8]
+                                    [--rounds 2] [--seconds 20]
+
+``--endpoint`` measures a query already running against ``bench.endpoint`` instead of
+moto's server (which serves one call at a time at about 1.7 ms of its CPU a message, so
+no query against it passes about 590 msg/s): what the source alone can do
+(``endpoint_rate``).
 
 ``--in-flight`` with several values alternates the runs over them too, so that
 receivesInFlight 1 (one receive at a time, as before it existed) and the default
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -293,6 +301,77 @@ def source_throughput(
     return runs
 
 
+def endpoint_rate(
+    latency: float,
+    partitions: int,
+    in_flight: int | None,
+    *,
+    per_batch: int = 1000,
+    warmup: float = 10.0,
+    seconds: float = 20.0,
+) -> dict[str, float]:
+    """A query already running against ``bench.endpoint`` (an SQS endpoint in a process
+    of its own that serves fresh messages without end, answers every delete and renewal
+    at once, ``latency`` seconds after each request, for a few tens of µs of its CPU a
+    message), the log in a local folder: msg/s deleted over ``seconds`` once ``warmup``
+    seconds have passed since the first delete, SQS requests a message, and CPU seconds
+    per 1,000 messages by process kind. What the source alone can do, where moto's
+    server (1.7 ms of its CPU a message, one call at a time) would cap the query near
+    590 msg/s whatever the source did."""
+    from .endpoint import Endpoint
+
+    with Endpoint(latency_ms=latency * 1000) as endpoint, tempfile.TemporaryDirectory() as tmp:
+        env = {  # any credentials: the endpoint checks none
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        with spark_session(env) as spark:
+            query = (
+                spark.readStream.format("sqs")
+                .option("queue", "bench")
+                # an option, not the environment: Spark's JVM keeps the environment its
+                # first session started with, and each run has an endpoint of its own
+                .option("endpointUrl", endpoint.url)
+                .option("walPath", f"{tmp}/wal")
+                .option("numPartitions", str(partitions))
+                .option("maxMessagesPerBatch", str(per_batch))
+                .option("waitTimeSeconds", "0")
+                .options(**({"receivesInFlight": str(in_flight)} if in_flight else {}))
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", f"{tmp}/checkpoint")
+                .start()
+            )
+            try:
+                deadline = time.monotonic() + 300
+                while not endpoint.stats().get("deleted"):
+                    if time.monotonic() > deadline or not query.isActive:
+                        raise RuntimeError(f"the query deleted nothing: {query.exception()}")
+                    time.sleep(0.2)
+                time.sleep(warmup)
+                before, cpu_before, started = (
+                    endpoint.stats(),
+                    cpu_by_kind(os.getpid(), endpoint.pid),
+                    time.perf_counter(),
+                )
+                time.sleep(seconds)
+                after, cpu_after, elapsed = (
+                    endpoint.stats(),
+                    cpu_by_kind(os.getpid(), endpoint.pid),
+                    time.perf_counter() - started,
+                )
+            finally:
+                query.stop()
+    deleted = after["deleted"] - before["deleted"]
+    requests = sum(after["requests"].values()) - sum(before["requests"].values())
+    result = {"rate": deleted / elapsed, "sqs_requests_per_message": requests / deleted}
+    for kind in ("driver", "driver py", "executors", "server"):
+        spent = cpu_after.get(kind, 0.0) - cpu_before.get(kind, 0.0)
+        result[f"{kind} cpu per 1000"] = spent * 1000 / deleted
+    return result
+
+
 def _client_args(env: dict[str, str], service: str) -> dict[str, Any]:
     return {
         "endpoint_url": env[f"AWS_ENDPOINT_URL_{service}"],
@@ -372,6 +451,41 @@ def print_runs(runs: list[SourceRun]) -> None:
                 )
 
 
+def endpoint_rows(args: argparse.Namespace) -> None:
+    rows: dict[tuple[float, int, int | None], list[dict[str, float]]] = {}
+    for round_ in range(args.rounds):
+        for latency in args.latency:
+            kinds = [(p, f) for f in (args.in_flight or [None]) for p in (1, 2)]
+            for partitions, flight in kinds if round_ % 2 == 0 else kinds[::-1]:
+                measured = endpoint_rate(
+                    latency, partitions, flight, per_batch=args.per_batch, seconds=args.seconds
+                )
+                rows.setdefault((latency, partitions, flight), []).append(measured)
+                print(
+                    f"round {round_ + 1}, {latency * 1000:.0f} ms, numPartitions {partitions}, "
+                    f"receivesInFlight {_flight(flight)}: {measured['rate']:.1f} msg/s",
+                    flush=True,
+                )
+    print(
+        f"\nspark_sink source against bench.endpoint (+ latency to each request), local[2], "
+        f"maxMessagesPerBatch {args.per_batch}, the log in a local folder, a query already "
+        f"running, {args.seconds:.0f} s measured, medians of {args.rounds} rounds; CPU "
+        "seconds per 1,000 messages (drv py: the source's Python on the driver, part of drv):"
+    )
+    print(
+        f"  {'ms':>4}{'parts':>6}{'flight':>7}{'msg/s':>9}{'SQS/msg':>9}{'drv cpu':>8}"
+        f"{'drv py':>8}{'exe cpu':>8}{'srv cpu':>8}"
+    )
+    for (latency, partitions, flight), runs in rows.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        print(
+            f"  {latency * 1000:>4.0f}{partitions:>6}{_flight(flight):>7}{med['rate']:>9.1f}"
+            f"{med['sqs_requests_per_message']:>9.3f}{med['driver cpu per 1000']:>8.2f}"
+            f"{med['driver py cpu per 1000']:>8.2f}{med['executors cpu per 1000']:>8.2f}"
+            f"{med['server cpu per 1000']:>8.2f}"
+        )
+
+
 def _flight(in_flight: int | None) -> str:
     return "dflt" if in_flight is None else str(in_flight)
 
@@ -392,10 +506,19 @@ def main() -> None:
         nargs="+",
         help="receivesInFlight, runs alternating over several (default: the source's)",
     )
+    parser.add_argument(
+        "--endpoint",
+        action="store_true",
+        help="a running query's rate against bench.endpoint (endless, cheap), not moto's "
+        "server: numPartitions 1 and 2, each --in-flight, rounds alternating",
+    )
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured, --endpoint")
     args = parser.parse_args()
     if args.serve:
         serve()
         return
+    if args.endpoint:
+        return endpoint_rows(args)
     runs = source_throughput(
         args.messages,
         args.rounds,
