@@ -187,12 +187,9 @@ class LeaseKeeper:
         self.on_released = on_released
         self.machine = LeaseMachine(delete_interval)  # guarded by _lock, as is every Held
         self._lock = threading.Lock()
-        # The lease thread, stop() and extend() callers wait on _wake. Each sender waits on
-        # a condition of its own, so waking the lease thread (once per finished message at
-        # times) wakes no sender, and a call queued wakes one sender, not all of them: the
-        # idle one that began to wait last (``_idle``), so while one sender keeps up, one
-        # makes every call (woken longest-waiting first, each call went to another thread
-        # in turn, waking on a CPU the last had left).
+        # The lease thread, stop() and extend() callers wait on _wake; each sender on a
+        # condition of its own (``_ready``): a call queued wakes the idle one that began to
+        # wait last, so while one keeps up, one makes every call (see ``_hand_out``).
         self._wake = threading.Condition(self._lock)
         # The lease thread waits until then (inf: until woken); -inf while it works.
         self._waiting_until = -math.inf
@@ -261,26 +258,20 @@ class LeaseKeeper:
 
     def succeed(self, held: Held, urgent: bool = False) -> None:
         """Queue the delete (``urgent``: send it now, with whatever else is queued).
-
         After a lease that ran out here the delete is still tried (nobody may have taken
-        the message yet), reported as unsure; after SQS said the handle is gone, not.
-        """
+        the message yet), reported as unsure; after SQS said the handle is gone, not."""
         self._queue(Op(held, "delete", urgent=urgent), allow_lost=True)
 
     def delete_now(self, held: Sequence[Held], timeout: float) -> int:
         """Delete ``held`` at once and wait until SQS answered for each, at most ``timeout``.
-
-        Returns how many deletes are still unanswered (queued, being retried).
-        """
+        Returns how many deletes are still unanswered (queued, being retried)."""
         for h in held:
             self.succeed(h, urgent=True)
         return self._answered_within(held, timeout)
 
     def hand_back_now(self, held: Sequence[Held], timeout: float) -> int:
         """``hand_back`` these, and wait until SQS answered for each, at most ``timeout``.
-
-        Returns how many returns are still unanswered (queued, being retried).
-        """
+        Returns how many returns are still unanswered (queued, being retried)."""
         self.hand_back(held)
         return self._answered_within(held, timeout)
 
@@ -310,11 +301,8 @@ class LeaseKeeper:
         self._queue(Op(held, "return", math.ceil(seconds), reason, urgent=urgent))
 
     def hand_back(self, held: Sequence[Held]) -> None:
-        """Make these messages visible again at once (shutdown).
-
-        A handler still running on one is told its lease is lost from now on; one about
-        to begin cannot.
-        """
+        """Make these messages visible again at once (shutdown). A handler still running
+        on one is told its lease is lost from now on; one about to begin cannot."""
         for h in held:
             with self._wake:
                 # Marked before its return is queued, in one step with the state read:
@@ -483,7 +471,8 @@ class LeaseKeeper:
                 self._carry_out(commands)
 
     def _hand_out(self, calls: list[Call]) -> None:
-        """Queue the batch calls for the senders (the lock held)."""
+        """Queue the batch calls for the senders (the lock held). Woken longest-waiting
+        first, each call went to another sender in turn, on a CPU the last had left."""
         settles = [call for call in calls if call.ops]
         renews = [call for call in calls if call.renewals]
         self._settle_calls.extend(settles)
@@ -519,9 +508,7 @@ class LeaseKeeper:
                         return  # the lease thread ended and nothing is left for this one
                 progress.step(self.stall_timeout)
                 self._make(call)
-                # Not kept while idle: its messages (bodies of up to 1 MiB) would live until
-                # this sender's next call.
-                del call
+                del call  # not kept while idle: its messages (bodies up to 1 MiB) would live on
                 progress.idle()
         finally:
             with self._wake:

@@ -2,15 +2,14 @@
 
 Counters and histograms move with the worker's events. Those that move with every
 message or batch (received, succeeded, deleted, renewed, the handler's time, the
-message's age and receive count) are ``Tally`` families: each thread adds to counts of
-its own, with no lock, and a scrape sums them. (prometheus_client's own take a lock for
-every counter increment and every histogram bucket: seven a message, and under load a
-thread that lost the interpreter while holding one stopped every thread that wanted
-it.) What the worker holds now (messages by state, the oldest lease's distance to the
-12-hour cap, SQS requests so far) is read from the worker when Prometheus scrapes, so
-the hot path pays nothing for it. Several handlers' ``Metrics`` may share one registry
-(one process, one /metrics): each series is labelled with its queue and handler. Every
-metric is listed in docs/observability.md.
+message's age and receive count) are ``TallyFamily``s: each thread adds to counts of
+its own, with no lock, and a scrape sums them (prometheus_client's own take a lock for
+every counter increment and every histogram bucket: seven a message). What the worker
+holds now (messages by state, the oldest lease's distance to the 12-hour cap, SQS
+requests so far) is read from the worker when Prometheus scrapes, so the hot path pays
+nothing for it. Several handlers' ``Metrics`` may share one registry (one process, one
+/metrics): each series is labelled with its queue and handler. Every metric is listed
+in docs/observability.md.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def queue_name(queue: str) -> str:
     return queue.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
 
 
-class Tally:
+class ThreadTally:
     """One series' counts, kept apart by thread: each thread adds to a list of its own,
     so no lock is taken and no increment is lost; ``read`` sums the threads' lists.
 
@@ -117,7 +116,7 @@ class Tally:
 
 
 class TallyFamily(Collector):
-    """A counter or histogram family whose series are ``Tally``s, labelled alike."""
+    """A counter or histogram family whose series are ``ThreadTally``s, labelled alike."""
 
     def __init__(
         self,
@@ -130,15 +129,15 @@ class TallyFamily(Collector):
         self.kind, self.name, self.documentation = kind, name, documentation
         self.labelnames = tuple(labelnames)
         self.buckets = tuple(float(b) for b in buckets)
-        self._series: dict[tuple[str, ...], Tally] = {}
+        self._series: dict[tuple[str, ...], ThreadTally] = {}
         self._lock = threading.Lock()  # only to add a series
 
-    def labels(self, **labels: str) -> Tally:
+    def labels(self, **labels: str) -> ThreadTally:
         key = tuple(labels[name] for name in self.labelnames)
         series = self._series.get(key)
         if series is None:
             with self._lock:
-                series = self._series.setdefault(key, Tally(self.buckets))
+                series = self._series.setdefault(key, ThreadTally(self.buckets))
         return series
 
     def collect(self) -> Iterator[Metric]:

@@ -1,4 +1,4 @@
-"""Review of cc58879 (lease senders on conditions of their own) and f8e5ecc's Tally."""
+"""Review of cc58879 (lease senders on conditions of their own) and f8e5ecc's ThreadTally."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from sqsworker.clock import FakeClock
 from sqsworker.events import Observer
 from sqsworker.lease import LeaseKeeper
-from sqsworker.metrics import Tally
+from sqsworker.metrics import ThreadTally
 from sqsworker.transports import send_all
 from sqsworker.transports.memory import MemorySQS, MemoryTransport
 
@@ -98,14 +98,15 @@ def test_stop_returns_with_senders_mid_call(memory: MemorySQS, clock: FakeClock)
 
 
 def test_a_scrape_survives_the_cyclic_gc_retiring_a_dead_threads_counts() -> None:
-    """Proved: ``Tally._retire`` runs from a ``weakref.finalize`` on a thread's
-    ``Thread`` object, i.e. from the garbage collector, on whatever thread allocates
-    when a collection is due. If that is ``read()`` (or ``_retire``) of the same Tally,
-    already holding ``_lock`` (a plain Lock), it waits on itself forever: the scrape
-    hangs, and every later thread's first count (``_own``) blocks on the lock too.
-    A Thread object in a reference cycle (a worker keeps its threads, and worker and
-    keeper reference each other) is freed only by the cyclic collector."""
-    tally = Tally((1.0,))
+    """Proved (fixed since): a tally's counts of a thread gone were retired by a
+    ``weakref.finalize`` on the thread's ``Thread`` object, so from the garbage
+    collector, on whatever thread allocates when a collection is due, taking the tally's
+    lock. If that was ``read()`` of the same tally, already holding that lock (a plain
+    Lock), it waited on itself forever: the scrape hung, and every later thread's first
+    count (``_own``) blocked on the lock too. A Thread object in a reference cycle (a
+    worker keeps its threads, and worker and keeper reference each other) is freed only
+    by the cyclic collector."""
+    tally = ThreadTally((1.0,))
     done: list[int] = []
     saved = gc.get_threshold()
 
