@@ -353,6 +353,13 @@ class CountingWaits(threading.Condition):
             self.waits.waiting.remove(name)
 
 
+def count_waits(rig: Rig) -> Waits:
+    """The receive threads' conditions, replaced by ones that count their waits."""
+    waits, conditions = Waits(), rig.worker.receiver._conditions
+    conditions[:] = [CountingWaits(rig.worker.inbox.lock, waits) for _ in conditions]
+    return waits
+
+
 class NamingReceives:
     """The in-memory transport, noting which thread made each receive that brought any."""
 
@@ -385,9 +392,7 @@ def test_room_for_one_receive_wakes_the_receive_thread_that_waited_least(
         memory, clock, lambda m: permits.acquire(), transport=receives, concurrency=30, prefetch=0
     )
     assert rig.worker.pollers == 3
-    receiver, waits = rig.worker.receiver, Waits()
-    conditions = receiver._conditions
-    conditions[:] = [CountingWaits(rig.worker.inbox.lock, waits) for _ in conditions]
+    waits = count_waits(rig)
     rig.send(*[f"m{i}" for i in range(60)])
     rig.worker.start()
     rig.wait_for("received", 30)
@@ -419,9 +424,7 @@ def test_room_for_one_receive_wakes_one_receive_thread_not_all(
     permits = threading.Semaphore(0)
     rig = Rig(memory, clock, lambda m: permits.acquire(), concurrency=250, prefetch=10)
     assert rig.worker.pollers == 26
-    receiver, waits = rig.worker.receiver, Waits()
-    conditions = receiver._conditions
-    conditions[:] = [CountingWaits(rig.worker.inbox.lock, waits) for _ in conditions]
+    waits = count_waits(rig)
     rig.send(*[f"m{i}" for i in range(300)])
     rig.worker.start()
     rig.wait_for("received", 260)
