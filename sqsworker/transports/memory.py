@@ -161,8 +161,11 @@ class MemorySQS:
                 if gone is None:
                     raise KeyError(f"{queue} never held a message {message_id}")
                 message = dataclasses.replace(gone, handle=None, received_at=None, attempt_id=None)
-                q.messages[message_id] = message
-            message.visible_at = self.clock.monotonic()
+                message.visible_at = self.clock.monotonic()
+                q.add(message, message.visible_at)
+            else:
+                now = self.clock.monotonic()
+                q.show_at(message, now, now)
             self._changed.notify_all()
 
     def clear_faults(self) -> None:
@@ -249,7 +252,7 @@ class MemorySQS:
         message.attempt_id = None
         message.first_receive_ms = None
         message.visible_at = self.clock.monotonic()
-        dlq.messages[message.message_id] = message
+        dlq.add(message, message.visible_at)
         self._changed.notify_all()
 
     def _owner(
@@ -346,7 +349,7 @@ class MemorySQS:
                         )
                     )
                 else:
-                    message.visible_at = now + seconds
+                    queue.show_at(message, now + seconds, now)
                     message.attempt_id = None  # changed: a retried receive cannot return it
                     result.succeeded.append(entry_id)
             self._changed.notify_all()

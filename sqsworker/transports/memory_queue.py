@@ -9,16 +9,21 @@ refuse. The service calls these under its lock; time comes from the clock given.
 
 Receipt handles describe themselves (``Handles``), so no handle is kept once issued:
 memory stays flat however many messages pass.
+
+A standard queue also keeps an index of what a receive can take (``Visibility``), so a
+receive costs the same with ten thousand messages in flight as with none; a FIFO queue's
+receive walks its messages, as its groups' order needs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import random
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +55,8 @@ class StoredMessage:
     # The ReceiveRequestAttemptId of the receive that issued ``handle``, until the
     # message's visibility is changed: a retry of that receive may return it again.
     attempt_id: str | None = None
+    order: int = 0  # its place in ``MemoryQueue.messages``: a receive takes the lowest first
+    mark: int = 0  # which of its entries among the visible (``Visibility.ready``) is current
 
     def in_flight(self, now: float) -> bool:
         return self.handle is not None and self.visible_at > now
@@ -85,6 +92,82 @@ class Handles:
         return parts[0]
 
 
+class Visibility:
+    """Which messages of a standard queue a receive can take, oldest first, without
+    walking the ones in flight or delayed.
+
+    Two heaps: ``ready`` holds (order, mark, id) of the visible messages, ``hidden`` holds
+    (visible at, order, id) of the hidden ones. A message changes its time or leaves by
+    leaving stale entries behind, which are told by the message itself (gone, another
+    time or order, another mark) and dropped when they reach the top; both heaps are
+    rebuilt from the messages once stale entries outnumber them. So a receive returns
+    exactly what walking the messages in order would.
+    """
+
+    def __init__(self, messages: dict[str, StoredMessage]) -> None:
+        self.ready: list[tuple[int, int, str]] = []
+        self.hidden: list[tuple[float, int, str]] = []
+        self.rebuild(messages, None)
+
+    def place(self, message: StoredMessage, now: float) -> None:
+        """``message`` is new here, or its visibility changed."""
+        if message.visible_at > now:
+            heapq.heappush(self.hidden, (message.visible_at, message.order, message.message_id))
+        else:
+            message.mark += 1
+            heapq.heappush(self.ready, (message.order, message.mark, message.message_id))
+
+    def visible(self, messages: dict[str, StoredMessage], now: float) -> Iterator[StoredMessage]:
+        """The visible messages, oldest first. Each is taken off the index as it is
+        yielded: the caller places it again, whatever it did with it."""
+        self._promote(messages, now)
+        ready = self.ready
+        while ready:
+            _, mark, message_id = heapq.heappop(ready)
+            message = messages.get(message_id)
+            if message is not None and message.mark == mark and message.visible_at <= now:
+                yield message
+
+    def next_visible(self, messages: dict[str, StoredMessage], now: float) -> float | None:
+        """When the soonest hidden message comes back; None if none is hidden."""
+        self._promote(messages, now)
+        hidden = self.hidden
+        while hidden:
+            at, order, message_id = hidden[0]
+            message = messages.get(message_id)
+            if message is not None and message.visible_at == at and message.order == order:
+                return at
+            heapq.heappop(hidden)
+        return None
+
+    def _promote(self, messages: dict[str, StoredMessage], now: float) -> None:
+        """The hidden messages whose time has come join the visible."""
+        hidden, ready = self.hidden, self.ready
+        while hidden and hidden[0][0] <= now:
+            at, order, message_id = heapq.heappop(hidden)
+            message = messages.get(message_id)
+            if message is not None and message.visible_at == at and message.order == order:
+                message.mark += 1
+                heapq.heappush(ready, (order, message.mark, message_id))
+
+    def tidy(self, messages: dict[str, StoredMessage], now: float) -> None:
+        """Rebuild both heaps once their stale entries outnumber the messages."""
+        if len(self.ready) + len(self.hidden) > 2 * len(messages) + 64:
+            self.rebuild(messages, now)
+
+    def rebuild(self, messages: dict[str, StoredMessage], now: float | None) -> None:
+        self.ready.clear()
+        self.hidden.clear()
+        for message in messages.values():
+            if now is None or message.visible_at > now:
+                self.hidden.append((message.visible_at, message.order, message.message_id))
+            else:
+                message.mark += 1
+                self.ready.append((message.order, message.mark, message.message_id))
+        heapq.heapify(self.ready)
+        heapq.heapify(self.hidden)
+
+
 @dataclass
 class MemoryQueue:
     info: QueueInfo
@@ -99,6 +182,25 @@ class MemoryQueue:
     )
     sequence: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     removed: int = 0  # messages removed since ``messages`` was last rebuilt
+    orders: itertools.count[int] = field(default_factory=itertools.count)
+    index: Visibility | None = None  # a standard queue's; set in __post_init__
+
+    def __post_init__(self) -> None:
+        if not self.info.fifo:
+            self.index = Visibility(self.messages)
+
+    def add(self, message: StoredMessage, now: float) -> None:
+        """Keep ``message`` (new, dead-lettered here, or delivered again) as the newest."""
+        message.order = next(self.orders)
+        self.messages[message.message_id] = message
+        if self.index is not None:
+            self.index.place(message, now)
+
+    def show_at(self, message: StoredMessage, at: float, now: float) -> None:
+        """``message`` becomes visible at ``at`` (hidden until then)."""
+        message.visible_at = at
+        if self.index is not None:
+            self.index.place(message, now)
 
     def remove(self, message_id: str) -> None:
         """Forget a message: deleted, or moved to the dead-letter queue.
@@ -122,13 +224,39 @@ class MemoryQueue:
         and when the soonest hidden one comes back."""
         now = clock.monotonic()
         wall_ms = int(clock.time() * 1000)
-        fifo = self.info.fifo
-        # FIFO: while any message of a group is in flight, no later one is delivered.
-        blocked = (
-            {m.group_id for m in self.messages.values() if m.in_flight(now)} if fifo else set()
-        )
+        index = self.index
+        if index is None:
+            return self._take_fifo(limit, visibility, attempt_id, now, wall_ms, handles)
         out: list[Envelope] = []
         doomed: list[StoredMessage] = []  # past maxReceiveCount: to the dead-letter queue
+        taken: list[StoredMessage] = []
+        for message in index.visible(self.messages, now):
+            if self._doomed(message):
+                doomed.append(message)  # removed by the service
+            else:
+                self._issue(message, now, wall_ms, visibility, attempt_id, handles)
+                taken.append(message)
+                out.append(envelope(message))
+                if len(out) >= limit:
+                    break
+        for message in taken:  # after the walk: a visibility of 0 leaves it visible
+            index.place(message, now)
+        index.tidy(self.messages, now)
+        return out, doomed, index.next_visible(self.messages, now) if not out else None
+
+    def _take_fifo(
+        self,
+        limit: int,
+        visibility: int,
+        attempt_id: str | None,
+        now: float,
+        wall_ms: int,
+        handles: Handles,
+    ) -> tuple[list[Envelope], list[StoredMessage], float | None]:
+        # While any message of a group is in flight, no later one is delivered.
+        blocked = {m.group_id for m in self.messages.values() if m.in_flight(now)}
+        out: list[Envelope] = []
+        doomed: list[StoredMessage] = []
         next_visible: float | None = None
         for message in self.messages.values():
             if len(out) >= limit:
@@ -136,25 +264,38 @@ class MemoryQueue:
             if message.visible_at > now:
                 if next_visible is None or message.visible_at < next_visible:
                     next_visible = message.visible_at
-                if fifo:
-                    blocked.add(message.group_id)  # a later message of the group waits for it
+                blocked.add(message.group_id)  # a later message of the group waits for it
                 continue
-            if fifo and message.group_id in blocked:
+            if message.group_id in blocked:
                 continue
-            if (
-                self.info.max_receive_count is not None
-                and message.receive_count >= self.info.max_receive_count
-            ):
+            if self._doomed(message):
                 doomed.append(message)
                 continue
-            message.receive_count += 1
-            message.first_receive_ms = message.first_receive_ms or wall_ms
-            message.handle = handles.issue(self.info.name, message.message_id)
-            message.received_at = now
-            message.visible_at = now + visibility
-            message.attempt_id = attempt_id
+            self._issue(message, now, wall_ms, visibility, attempt_id, handles)
             out.append(envelope(message))
         return out, doomed, next_visible
+
+    def _doomed(self, message: StoredMessage) -> bool:
+        """Past maxReceiveCount: a receive moves it to the dead-letter queue."""
+        limit = self.info.max_receive_count
+        return limit is not None and message.receive_count >= limit
+
+    def _issue(
+        self,
+        message: StoredMessage,
+        now: float,
+        wall_ms: int,
+        visibility: int,
+        attempt_id: str | None,
+        handles: Handles,
+    ) -> None:
+        """``message`` is received: a new handle, hidden for ``visibility``."""
+        message.receive_count += 1
+        message.first_receive_ms = message.first_receive_ms or wall_ms
+        message.handle = handles.issue(self.info.name, message.message_id)
+        message.received_at = now
+        message.visible_at = now + visibility
+        message.attempt_id = attempt_id
 
     def retry(self, attempt_id: str, visibility: int, clock: Clock) -> list[Envelope] | None:
         """A FIFO receive retried with its ReceiveRequestAttemptId: the same messages and
@@ -177,7 +318,7 @@ class MemoryQueue:
         out: list[Envelope] = []
         for message in messages:
             assert message is not None
-            message.visible_at = now + visibility  # "it resets the visibility timeout"
+            self.show_at(message, now + visibility, now)  # "it resets the visibility timeout"
             out.append(envelope(message))
         return out
 
@@ -251,7 +392,7 @@ class MemoryQueue:
         )
         if dedup_id is not None and self.info.fifo:
             self.dedup[dedup_id] = (now + DEDUP_WINDOW, message.message_id)
-        self.messages[message.message_id] = message
+        self.add(message, now)
         return message.message_id
 
     # -- looking -----------------------------------------------------------------------
