@@ -17,11 +17,21 @@ botocore's. One thing is stricter than botocore: the read timeout bounds a whole
 not each read of it, so an endpoint trickling a byte now and then cannot hold a request
 past it. A proxy is not handled here: the lean client sends through botocore's
 session when one applies.
+
+**Sockets without a timeout.** A socket with a timeout makes a poll() before every send
+and every recv, and each of those lets the GIL go and takes it back: under load each is
+a hand-over to another thread and a wait to get it back. So the connections block, and
+their time is kept by one thread for the whole process (``Deadlines``), which shuts down
+the socket of a request past its deadline, so its blocked send or recv returns at once.
+For the same reason an idle connection is looked at with a poll before it is used again
+only once it has been idle a second (``IDLE_CHECK``); sooner, its TCP state tells whether
+the endpoint closed it (Linux's ``TCP_INFO``, read without letting the GIL go).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import socket
@@ -44,6 +54,9 @@ from botocore.httpsession import create_urllib3_context, get_cert_path
 _LINE_MOST = 65_536  # bytes in a status or header line
 _HEADERS_MOST = 100  # header lines in an answer
 _READ_SIZE = 65_536  # bytes asked of the socket at a time
+IDLE_CHECK = 1.0  # seconds idle after which a connection is polled before it is reused
+_TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the TCP state
+_ESTABLISHED = 1
 
 
 class Answer:
@@ -184,53 +197,132 @@ def _close_all(connections: list[_Connection]) -> None:
         connection.close()
 
 
+class Deadlines:
+    """The deadlines of the requests under way on every connection of the process, kept by
+    one thread: a request past its deadline has its socket shut down, so that the send or
+    recv it is blocked in returns at once, and is marked ``late`` (its caller raises
+    ``ReadTimeoutError``). The thread sleeps until the soonest deadline; requests end long
+    before theirs, so it wakes about once a read timeout."""
+
+    def __init__(self) -> None:
+        self._forget()
+        os.register_at_fork(after_in_child=self._forget)  # the thread is not in the child
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._due: dict[_Connection, float] = {}
+        self._until = math.inf  # when the thread wakes next of itself
+        self._thread: threading.Thread | None = None
+
+    def arm(self, connection: _Connection, deadline: float) -> None:
+        """``connection``'s request must be done by ``deadline`` (replacing its last)."""
+        with self._lock:
+            self._due[connection] = deadline
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._keep, name="sqsworker-wire-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif deadline < self._until:
+                self._changed.notify()
+
+    def disarm(self, connection: _Connection) -> bool:
+        """``connection``'s request is done; True if it was late (its socket is shut)."""
+        with self._lock:
+            self._due.pop(connection, None)
+            return connection.late
+
+    def _keep(self) -> None:
+        with self._lock:
+            while True:
+                now = time.monotonic()
+                self._until = math.inf
+                for connection, due in list(self._due.items()):
+                    if due <= now:
+                        del self._due[connection]
+                        connection.late = True
+                        connection.shut()
+                    else:
+                        self._until = min(self._until, due)
+                self._changed.wait(None if self._until == math.inf else self._until - now)
+
+
+DEADLINES = Deadlines()
+
+
 class _Connection:
     """One socket, and what was read from it beyond the line or body asked for."""
 
     def __init__(self, sock: socket.socket, url: str, read_timeout: float | None) -> None:
+        sock.settimeout(None)  # blocking: the time is kept by DEADLINES
         self._sock = sock
         self._url = url
         self._read_timeout = read_timeout
         self._buffer = bytearray()  # read from the socket, not yet taken
-        self._deadline: float | None = None  # the answer must be whole by then
+        self._used = time.monotonic()  # when its last answer ended
+        self.late = False  # past a deadline: DEADLINES shut it down
 
     def usable(self) -> bool:
         """Nothing to read while idle: an idle connection readable was closed by the
-        endpoint (or sent what no request asked for)."""
+        endpoint (or sent what no request asked for). Idle less than IDLE_CHECK, its TCP
+        state is enough: still established, the endpoint did not close it."""
         if self._buffer:
             return False
         if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
             return False
         try:
+            if time.monotonic() - self._used < IDLE_CHECK and _TCP_INFO is not None:
+                return self._sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0] == _ESTABLISHED
             return not _readable(self._sock)
         except (OSError, ValueError):
             return False
 
     def send(self, data: bytes) -> None:
+        self._arm()
         try:
-            self._sock.settimeout(self._read_timeout)
             self._sock.sendall(data)
-        except TimeoutError as exc:
-            raise ReadTimeoutError(endpoint_url=self._url, error=exc) from None
-        except OSError as exc:
-            raise ConnectionClosedError(endpoint_url=self._url, error=exc) from None
+        except BaseException as exc:
+            raise self._fault(exc) from None
 
     def answer(self) -> tuple[Answer, bool]:
         """The answer, and whether the connection may carry another request. The read
         timeout bounds the whole answer, not each read: an endpoint sending a byte now and
         then does not keep a request waiting past it."""
-        if self._read_timeout is not None:
-            self._deadline = time.monotonic() + self._read_timeout
+        self._arm()
         try:
             answer, keep = self._read()
-        except TimeoutError as exc:
-            raise ReadTimeoutError(endpoint_url=self._url, error=exc) from None
-        except ssl.SSLError as exc:
-            raise SSLError(endpoint_url=self._url, error=exc) from None
-        except OSError as exc:
-            raise ConnectionClosedError(endpoint_url=self._url, error=exc) from None
+        except BaseException as exc:
+            raise self._fault(exc) from None
+        if DEADLINES.disarm(self):  # it was whole, but its socket is shut
+            keep = False
+        self._used = time.monotonic()
         # bytes after the answer answer no request: the connection carries no other
         return answer, keep and not self._buffer
+
+    def _arm(self) -> None:
+        if self._read_timeout is not None:
+            DEADLINES.arm(self, time.monotonic() + self._read_timeout)
+
+    def _fault(self, exc: BaseException) -> BaseException:
+        """What a failed send or read raises: a timeout if it was late (whatever the shut
+        socket made of the answer); botocore's exception for a fault of the socket or
+        TLS; else ``exc`` itself (an answer that is not HTTP, or cut short)."""
+        if DEADLINES.disarm(self):
+            return ReadTimeoutError(
+                endpoint_url=self._url,
+                error=TimeoutError(f"no whole answer within {self._read_timeout} s"),
+            )
+        if isinstance(exc, ssl.SSLError):
+            return SSLError(endpoint_url=self._url, error=exc)
+        if isinstance(exc, OSError):
+            return ConnectionClosedError(endpoint_url=self._url, error=exc)
+        return exc
+
+    def shut(self) -> None:
+        """End the request under way: its blocked send or recv returns (DEADLINES)."""
+        with contextlib.suppress(OSError, ValueError):
+            socket.socket.shutdown(self._sock, socket.SHUT_RDWR)  # the descriptor's, not TLS
 
     def _read(self) -> tuple[Answer, bool]:
         line = self._line()
@@ -294,13 +386,8 @@ class _Connection:
             parts.append(chunk[:size])
 
     def _fill(self) -> bool:
-        """Read what the socket has (waiting at most until the deadline) into the buffer;
-        False at the end of the connection."""
-        if self._deadline is not None:
-            left = self._deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no whole answer within {self._read_timeout} s")
-            self._sock.settimeout(left)
+        """Read what the socket has into the buffer (DEADLINES ends a wait past the
+        deadline); False at the end of the connection."""
         data = self._sock.recv(_READ_SIZE)
         if not data:
             return False
@@ -346,5 +433,6 @@ class _Connection:
         return HTTPClientError(error=ValueError(f"{what} from {self._url} is not HTTP/1.1"))
 
     def close(self) -> None:
+        DEADLINES.disarm(self)
         with contextlib.suppress(OSError):
             self._sock.close()

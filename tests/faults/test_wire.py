@@ -4,6 +4,7 @@ answers that are not HTTP, each a fault botocore would raise for it."""
 
 from __future__ import annotations
 
+import os
 import select
 import shutil
 import socket
@@ -22,6 +23,7 @@ from botocore.exceptions import (
     SSLError,
 )
 
+from sqsworker.transports import wire as wire_module
 from sqsworker.transports.sqs import translate
 from sqsworker.transports.wire import Wire, tls_context
 
@@ -169,7 +171,13 @@ def test_a_chunked_answer_is_read_whole_and_its_headers_in_lower_case(endpoint: 
     assert wire.opened == 1
 
 
-def test_a_connection_the_endpoint_closed_while_idle_is_not_used_again(endpoint: Make) -> None:
+@pytest.mark.parametrize("looked_at", ["tcp-state", "polled"])
+def test_a_connection_the_endpoint_closed_while_idle_is_not_used_again(
+    endpoint: Make, looked_at: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # idle under a second its TCP state is read; longer, it is polled
+    if looked_at == "polled":
+        monkeypatch.setattr(wire_module, "IDLE_CHECK", 0.0)
     server = endpoint([ok(b"1"), CLOSE, ok(b"2")])
     wire = server.wire()
     assert wire.post(HEAD, b"{}").body == b"1"
@@ -367,9 +375,12 @@ def test_a_connection_back_from_a_request_after_close_is_closed_not_kept(
     assert wire._idle == []  # and its connection is not kept by a closed Wire
 
 
-def test_a_connection_past_select_s_1024_descriptors_is_kept_alive(endpoint: Make) -> None:
+def test_a_connection_past_select_s_1024_descriptors_is_kept_alive(
+    endpoint: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a process with many files open (an executor, a worker with many queues): the
-    # connection's descriptor is past what select() takes; it is still checked and kept
+    # connection's descriptor is past what select() takes; it is still polled and kept
+    monkeypatch.setattr(wire_module, "IDLE_CHECK", 0.0)
     resource = pytest.importorskip("resource")
     if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1100:
         pytest.skip("needs 1100 open files")
@@ -384,3 +395,95 @@ def test_a_connection_past_select_s_1024_descriptors_is_kept_alive(endpoint: Mak
     finally:
         for sock in held:
             sock.close()
+
+
+def test_a_request_on_a_connection_in_use_makes_no_poll(
+    endpoint: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each poll (and a socket timeout's, before each send and recv) lets the GIL go: under
+    # load, a hand-over to another thread and back. A connection used under IDLE_CHECK
+    # ago is not polled, and its socket has no timeout.
+    polls: list[float] = []
+    real_poll = select.poll
+
+    def counting_poll() -> object:
+        polls.append(1.0)
+        return real_poll()
+
+    monkeypatch.setattr(select, "poll", counting_poll)
+    server = endpoint([ok(b"1"), ok(b"2"), ok(b"3")])
+    wire = server.wire()
+    assert [wire.post(HEAD, b"{}").body for _ in range(2)] == [b"1", b"2"]
+    assert polls == [] and wire._idle[0]._sock.gettimeout() is None
+    monkeypatch.setattr(wire_module, "IDLE_CHECK", 0.0)  # as if idle a second
+    assert wire.post(HEAD, b"{}").body == b"3"
+    assert polls == [1.0] and wire.opened == 1
+
+
+@needs_openssl
+def test_a_tls_endpoint_that_does_not_answer_ends_at_the_read_timeout(
+    endpoint: Make, tmp_path: Path
+) -> None:
+    # the socket blocks: the deadline shuts it down under the TLS layer's read
+    cert, key = _certificate(tmp_path, "endpoint", "IP:127.0.0.1")
+    server = endpoint([ok(b"1"), STALL])
+    server.tls = _serving(cert, key)
+    wire = server.wire(read_timeout=0.3, context=tls_context(cert, None, None))
+    assert wire.post(HEAD, b"{}").body == b"1"
+    with pytest.raises(ReadTimeoutError):
+        wire.post(HEAD, b"{}")
+    assert wire._idle == []
+
+
+def test_a_send_the_endpoint_never_reads_ends_at_the_read_timeout() -> None:
+    # an endpoint that accepts and reads nothing: the send blocks once the buffers fill
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    try:
+        wire = Wire(
+            f"http://127.0.0.1:{port}/",
+            "127.0.0.1",
+            port,
+            context=None,
+            connect_timeout=5.0,
+            read_timeout=0.3,
+            max_idle=4,
+        )
+        with pytest.raises(ReadTimeoutError):
+            wire.post(HEAD, b"x" * 64_000_000)
+        assert wire._idle == []
+    finally:
+        server.close()
+
+
+def test_a_forked_child_keeps_its_requests_deadlines(endpoint: Make) -> None:
+    # the thread that keeps the deadlines is not in a forked child: the child starts its own
+    server = endpoint([ok(b"1"), STALL])
+    wire = server.wire(read_timeout=0.3)
+    assert wire.post(HEAD, b"{}").body == b"1"  # the parent's thread runs
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child reports through the pipe)
+        outcome = b"?"
+        try:
+            Wire(
+                wire.url,
+                "127.0.0.1",
+                server.port,
+                context=None,
+                connect_timeout=5.0,
+                read_timeout=0.3,
+                max_idle=1,
+            ).post(HEAD, b"{}")
+        except ReadTimeoutError:
+            outcome = b"timeout"
+        except BaseException:
+            outcome = b"other"
+        os.write(write, outcome)
+        os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 20)
+    assert ready, "the child's stalled request did not end"
+    assert os.read(read, 16) == b"timeout"
+    os.waitpid(child, 0)
+    os.close(read)
