@@ -24,8 +24,9 @@ a hand-over to another thread and a wait to get it back. So the connections bloc
 their time is kept by one thread for the whole process (``Deadlines``), which shuts down
 the socket of a request past its deadline, so its blocked send or recv returns at once.
 For the same reason an idle connection is looked at with a poll before it is used again
-only once it has been idle a second (``IDLE_CHECK``); sooner, its TCP state tells whether
-the endpoint closed it (Linux's ``TCP_INFO``, read without letting the GIL go).
+only once it has been idle a second (``IDLE_CHECK``); sooner, on Linux, ``TCP_INFO`` (read
+without letting the GIL go) tells whether the endpoint closed it (its state) or sent it
+anything since its last answer (the bytes it has received).
 """
 
 from __future__ import annotations
@@ -36,12 +37,15 @@ import os
 import select
 import socket
 import ssl
+import struct
+import sys
 import threading
 import time
 import weakref
 from typing import Any
 
 from botocore.exceptions import (
+    BotoCoreError,
     ConnectionClosedError,
     ConnectTimeoutError,
     EndpointConnectionError,
@@ -55,7 +59,10 @@ _LINE_MOST = 65_536  # bytes in a status or header line
 _HEADERS_MOST = 100  # header lines in an answer
 _READ_SIZE = 65_536  # bytes asked of the socket at a time
 IDLE_CHECK = 1.0  # seconds idle after which a connection is polled before it is reused
-_TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux: its first byte is the TCP state
+# Linux's struct tcp_info, up to tcpi_bytes_received (Linux 4.1): its first byte is the
+# TCP state, and the bytes the connection has received are a u64 at offset 128.
+_TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
+_TCP_INFO_SIZE = 136
 _ESTABLISHED = 1
 
 
@@ -220,15 +227,21 @@ class Deadlines:
         with self._lock:
             self._due[connection] = deadline
             if self._thread is None:
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._keep, name="sqsworker-wire-deadlines", daemon=True
                 )
-                self._thread.start()
+                try:
+                    thread.start()  # may fail ("can't start new thread"): the next tries again
+                except BaseException:
+                    del self._due[connection]
+                    raise
+                self._thread = thread
             elif deadline < self._until:
                 self._changed.notify()
 
     def disarm(self, connection: _Connection) -> bool:
-        """``connection``'s request is done; True if it was late (its socket is shut)."""
+        """``connection``'s request is done; True if it was late (its socket is shut).
+        Never called from a finalizer (the collector may run under this lock)."""
         with self._lock:
             self._due.pop(connection, None)
             return connection.late
@@ -261,26 +274,40 @@ class _Connection:
         self._read_timeout = read_timeout
         self._buffer = bytearray()  # read from the socket, not yet taken
         self._used = time.monotonic()  # when its last answer ended
+        self._read = 0  # bytes read from the socket (a plain one)
+        # What TCP_INFO said it had received when its last answer ended (plain: the bytes
+        # read, which it should equal); None: no TCP_INFO, poll instead
+        self._received: int | None = None
         self.late = False  # past a deadline: DEADLINES shut it down
 
     def usable(self) -> bool:
         """Nothing to read while idle: an idle connection readable was closed by the
-        endpoint (or sent what no request asked for). Idle less than IDLE_CHECK, its TCP
-        state is enough: still established, the endpoint did not close it."""
+        endpoint (or sent what no request asked for). Idle less than IDLE_CHECK, TCP_INFO
+        tells: still established, and nothing received since its last answer."""
         if self._buffer:
             return False
         if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
             return False
         try:
-            if time.monotonic() - self._used < IDLE_CHECK and _TCP_INFO is not None:
-                return self._sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0] == _ESTABLISHED
+            if time.monotonic() - self._used < IDLE_CHECK and self._received is not None:
+                return self._tcp_received() == self._received
             return not _readable(self._sock)
         except (OSError, ValueError):
             return False
 
+    def _tcp_received(self) -> int | None:
+        """The bytes the connection has received, if it is established; else None."""
+        if _TCP_INFO is None:
+            return None
+        info = self._sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_SIZE)
+        if len(info) < _TCP_INFO_SIZE or info[0] != _ESTABLISHED:
+            return None
+        received: int = struct.unpack_from("=Q", info, 128)[0]
+        return received
+
     def send(self, data: bytes) -> None:
-        self._arm()
         try:
+            self._arm()
             self._sock.sendall(data)
         except BaseException as exc:
             raise self._fault(exc) from None
@@ -289,14 +316,22 @@ class _Connection:
         """The answer, and whether the connection may carry another request. The read
         timeout bounds the whole answer, not each read: an endpoint sending a byte now and
         then does not keep a request waiting past it."""
-        self._arm()
         try:
-            answer, keep = self._read()
+            self._arm()
+            answer, keep = self._answer()
         except BaseException as exc:
             raise self._fault(exc) from None
         if DEADLINES.disarm(self):  # it was whole, but its socket is shut
             keep = False
-        self._used = time.monotonic()
+        if keep:
+            self._used = time.monotonic()
+            self._received = self._tcp_received()
+            # A plain socket's bytes are the answer's: more came than were read, the
+            # endpoint sent past the answer. TLS records are not counted here: what came
+            # from the last read to now is missed, as bytes coming just after a poll were.
+            plain = not isinstance(self._sock, ssl.SSLSocket)
+            if plain and self._received is not None and self._received != self._read:
+                keep = False
         # bytes after the answer answer no request: the connection carries no other
         return answer, keep and not self._buffer
 
@@ -307,8 +342,9 @@ class _Connection:
     def _fault(self, exc: BaseException) -> BaseException:
         """What a failed send or read raises: a timeout if it was late (whatever the shut
         socket made of the answer); botocore's exception for a fault of the socket or
-        TLS; else ``exc`` itself (an answer that is not HTTP, or cut short)."""
-        if DEADLINES.disarm(self):
+        TLS, or botocore's own (an answer that is not HTTP, or cut short); any other
+        ``Exception`` as an ``HTTPClientError``; an interrupt as itself."""
+        if DEADLINES.disarm(self) and isinstance(exc, Exception):
             return ReadTimeoutError(
                 endpoint_url=self._url,
                 error=TimeoutError(f"no whole answer within {self._read_timeout} s"),
@@ -317,6 +353,8 @@ class _Connection:
             return SSLError(endpoint_url=self._url, error=exc)
         if isinstance(exc, OSError):
             return ConnectionClosedError(endpoint_url=self._url, error=exc)
+        if isinstance(exc, Exception) and not isinstance(exc, BotoCoreError):
+            return HTTPClientError(error=exc)
         return exc
 
     def shut(self) -> None:
@@ -324,7 +362,7 @@ class _Connection:
         with contextlib.suppress(OSError, ValueError):
             socket.socket.shutdown(self._sock, socket.SHUT_RDWR)  # the descriptor's, not TLS
 
-    def _read(self) -> tuple[Answer, bool]:
+    def _answer(self) -> tuple[Answer, bool]:
         line = self._line()
         if not line:
             raise ConnectionClosedError(endpoint_url=self._url)
@@ -362,6 +400,8 @@ class _Connection:
             body = self._exactly(int(text))
         else:  # the body ends where the connection does
             body, keep = self._rest(), False
+            if self.late:  # that end may be the deadline's shutdown: the body may be cut
+                raise TimeoutError("the answer's end was its deadline")
         return Answer(status, headers, body), keep
 
     def _chunked(self) -> bytes:
@@ -391,6 +431,7 @@ class _Connection:
         data = self._sock.recv(_READ_SIZE)
         if not data:
             return False
+        self._read += len(data)
         self._buffer += data
         return True
 
@@ -433,6 +474,7 @@ class _Connection:
         return HTTPClientError(error=ValueError(f"{what} from {self._url} is not HTTP/1.1"))
 
     def close(self) -> None:
-        DEADLINES.disarm(self)
+        # no DEADLINES.disarm here: a Wire's finalizer closes its idle connections (never
+        # armed), and the collector may run it in a thread holding DEADLINES' lock
         with contextlib.suppress(OSError):
             self._sock.close()
