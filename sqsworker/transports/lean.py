@@ -68,6 +68,24 @@ _CONTENT_TYPE = "application/x-amz-json-1.0"
 _ALGORITHM = "AWS4-HMAC-SHA256"
 
 
+# hashlib lets the GIL go to hash 2,048 bytes or more in one call: under load, a hand-over
+# to another thread and a wait to get it back. A delete batch of ten real receipt handles
+# is about that long; up to HASHED_WHOLE bytes are hashed in pieces that keep the GIL.
+_PIECE = 2047
+HASHED_WHOLE = 32_768  # longer: hashing takes long enough for another thread to run meanwhile
+
+
+def payload_hash(body: bytes) -> str:
+    """SHA-256 of ``body`` in hex, as SigV4 signs it."""
+    if len(body) <= _PIECE or len(body) > HASHED_WHOLE:
+        return hashlib.sha256(body).hexdigest()
+    digest = hashlib.sha256()
+    view = memoryview(body)
+    for start in range(0, len(body), _PIECE):
+        digest.update(view[start : start + _PIECE])
+    return digest.hexdigest()
+
+
 class Signer:
     """SigV4 for a POST of a JSON body to one endpoint, the signing key kept for its day."""
 
@@ -118,9 +136,7 @@ class Signer:
             signed += ";x-amz-security-token"
         canonical.append(f"x-amz-target:{target}")
         signed += ";x-amz-target"
-        request = "\n".join(
-            ["POST", "/", "", *canonical, "", signed, hashlib.sha256(body).hexdigest()]
-        )
+        request = "\n".join(["POST", "/", "", *canonical, "", signed, payload_hash(body)])
         scope = f"{day}/{self.region}/{self.service}/aws4_request"
         to_sign = f"{_ALGORITHM}\n{stamp}\n{scope}\n{hashlib.sha256(request.encode()).hexdigest()}"
         signature = hmac.new(self._key(secret_key, day), to_sign.encode(), hashlib.sha256)

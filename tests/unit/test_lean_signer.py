@@ -21,8 +21,12 @@ from sqsworker.transports.lean import Signer, _host
         ("http://127.0.0.1:4566/", "eu-west-3"),
     ],
 )
-def test_the_signature_is_botocores(url: str, region: str, token: str | None) -> None:
-    body = b'{"QueueUrl": "https://sqs.us-east-1.amazonaws.com/1/q", "MaxNumberOfMessages": 10}'
+# a receive; a delete batch of ten real receipt handles (hashed in pieces that keep the
+# GIL); a send batch past HASHED_WHOLE (hashed whole)
+@pytest.mark.parametrize("padding", [0, 2_300, 40_000], ids=["receive", "delete", "send"])
+def test_the_signature_is_botocores(url: str, region: str, token: str | None, padding: int) -> None:
+    body = b'{"QueueUrl": "https://sqs.us-east-1.amazonaws.com/1/q", "MaxNumberOfMessages": 10'
+    body += b', "Pad": "' + b"h" * padding + b'"}'
     target = "AmazonSQS.ReceiveMessage"
     credentials = Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token)
     request = AWSRequest(
