@@ -25,9 +25,20 @@ from botocore.exceptions import ClientError, HTTPClientError, ReadTimeoutError
 from sqsworker.transports import wire as wire_module
 from sqsworker.transports.lean import LeanSQS
 from sqsworker.transports.sqs import translate
-from sqsworker.transports.wire import Wire, tls_context
+from sqsworker.transports.wire import tls_context
 
-from .test_wire import HEAD, STALL, Make, _certificate, _serving, endpoint, needs_openssl, ok
+from .test_wire import (
+    HEAD,
+    STALL,
+    Make,
+    Scripted,
+    _certificate,
+    _serving,
+    endpoint,
+    local_wire,
+    needs_openssl,
+    ok,
+)
 
 __all__ = ["endpoint"]  # the fixture, used by name
 
@@ -49,26 +60,18 @@ def _request(reader: BinaryIO) -> bytes | None:
 Script = Callable[["Endpoint", socket.socket, BinaryIO], None]
 
 
-class Endpoint:
+class Endpoint(Scripted):
     """An endpoint on 127.0.0.1 that runs ``script`` on each connection it accepts (plain,
     or TLS with ``tls``); ``go`` and ``sent`` are for the script and the test to share."""
 
     def __init__(self, script: Script, tls: ssl.SSLContext | None = None) -> None:
-        self.script, self.tls = script, tls
-        self.connections = 0
-        self.go, self.sent, self.released = threading.Event(), threading.Event(), threading.Event()
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.script = script
+        self.sent = threading.Event()
+        super().__init__([], tls)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+    @property
+    def released(self) -> threading.Event:
+        return self._released
 
     def _one(self, conn: socket.socket) -> None:
         try:
@@ -78,22 +81,6 @@ class Endpoint:
                 self.script(self, conn, reader)
         except OSError:
             pass
-
-    def wire(self, read_timeout: float, context: ssl.SSLContext | None = None) -> Wire:
-        scheme = "https" if context is not None else "http"
-        return Wire(
-            f"{scheme}://127.0.0.1:{self.port}/",
-            "127.0.0.1",
-            self.port,
-            context=context,
-            connect_timeout=5.0,
-            read_timeout=read_timeout,
-            max_idle=4,
-        )
-
-    def close(self) -> None:
-        self.released.set()
-        self._server.close()
 
 
 @pytest.fixture
@@ -396,15 +383,7 @@ def test_a_tls_send_the_endpoint_never_reads_ends_at_the_read_timeout(tmp_path: 
 
     threading.Thread(target=accept, daemon=True).start()
     try:
-        wire = Wire(
-            f"https://127.0.0.1:{port}/",
-            "127.0.0.1",
-            port,
-            context=tls_context(cert, None, None),
-            connect_timeout=5.0,
-            read_timeout=0.3,
-            max_idle=4,
-        )
+        wire = local_wire(port, read_timeout=0.3, context=tls_context(cert, None, None))
         with pytest.raises(ReadTimeoutError):
             wire.post(HEAD, b"x" * 64_000_000)
         assert handshaken.is_set() and wire._idle == []

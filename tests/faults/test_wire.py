@@ -111,19 +111,32 @@ class Scripted:
                     return
 
     def wire(self, read_timeout: float = 5.0, context: ssl.SSLContext | None = None) -> Wire:
-        return Wire(
-            f"http://127.0.0.1:{self.port}/",
-            "127.0.0.1",
-            self.port,
-            context=context,
-            connect_timeout=5.0,
-            read_timeout=read_timeout,
-            max_idle=4,
-        )
+        return local_wire(self.port, read_timeout=read_timeout, context=context)
 
     def close(self) -> None:
         self._released.set()
         self._server.close()
+
+
+def local_wire(
+    port: int,
+    *,
+    read_timeout: float = 5.0,
+    context: ssl.SSLContext | None = None,
+    connect_timeout: float = 5.0,
+    max_idle: int = 4,
+) -> Wire:
+    """A Wire to 127.0.0.1:``port``."""
+    scheme = "https" if context is not None else "http"
+    return Wire(
+        f"{scheme}://127.0.0.1:{port}/",
+        "127.0.0.1",
+        port,
+        context=context,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_idle=max_idle,
+    )
 
 
 @pytest.fixture
@@ -248,15 +261,7 @@ def test_an_endpoint_that_does_not_answer_ends_at_the_read_timeout(endpoint: Mak
 def test_no_endpoint_is_a_connection_error() -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-    wire = Wire(
-        f"http://127.0.0.1:{port}/",
-        "127.0.0.1",
-        port,
-        context=None,
-        connect_timeout=1.0,
-        read_timeout=1.0,
-        max_idle=1,
-    )
+    wire = local_wire(port, read_timeout=1.0, connect_timeout=1.0, max_idle=1)
     with pytest.raises(EndpointConnectionError):
         wire.post(HEAD, b"{}")
 
@@ -440,15 +445,7 @@ def test_a_send_the_endpoint_never_reads_ends_at_the_read_timeout() -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
     try:
-        wire = Wire(
-            f"http://127.0.0.1:{port}/",
-            "127.0.0.1",
-            port,
-            context=None,
-            connect_timeout=5.0,
-            read_timeout=0.3,
-            max_idle=4,
-        )
+        wire = local_wire(port, read_timeout=0.3)
         with pytest.raises(ReadTimeoutError):
             wire.post(HEAD, b"x" * 64_000_000)
         assert wire._idle == []
@@ -466,15 +463,7 @@ def test_a_forked_child_keeps_its_requests_deadlines(endpoint: Make) -> None:
     if child == 0:  # pragma: no cover (the child reports through the pipe)
         outcome = b"?"
         try:
-            Wire(
-                wire.url,
-                "127.0.0.1",
-                server.port,
-                context=None,
-                connect_timeout=5.0,
-                read_timeout=0.3,
-                max_idle=1,
-            ).post(HEAD, b"{}")
+            local_wire(server.port, read_timeout=0.3, max_idle=1).post(HEAD, b"{}")
         except ReadTimeoutError:
             outcome = b"timeout"
         except BaseException:
