@@ -26,11 +26,15 @@ the socket of a request past its deadline, so its blocked send or recv returns a
 For the same reason an idle connection is looked at with a poll before it is used again
 only once it has been idle a second (``IDLE_CHECK``); sooner, on Linux, ``TCP_INFO`` (read
 without letting the GIL go) tells whether the endpoint closed it (its state) or sent it
-anything since its last answer (the bytes it has received).
+anything since its last answer (the bytes it has received). That count is taken as an
+answer ends, when the connection must hold nothing more: a plain one has read all it
+received; a TLS one holds nothing unread in its socket (FIONREAD), as its TLS layer reads
+a record at a time and may leave one that came with the answer.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import math
 import os
@@ -54,6 +58,10 @@ from botocore.exceptions import (
     SSLError,
 )
 from botocore.httpsession import create_urllib3_context, get_cert_path
+
+if sys.platform == "linux":  # with TCP_INFO: how many bytes a socket holds unread
+    import fcntl
+    import termios
 
 _LINE_MOST = 65_536  # bytes in a status or header line
 _HEADERS_MOST = 100  # header lines in an answer
@@ -324,16 +332,29 @@ class _Connection:
         if DEADLINES.disarm(self):  # it was whole, but its socket is shut
             keep = False
         if keep:
-            self._used = time.monotonic()
-            self._received = self._tcp_received()
-            # A plain socket's bytes are the answer's: more came than were read, the
-            # endpoint sent past the answer. TLS records are not counted here: what came
-            # from the last read to now is missed, as bytes coming just after a poll were.
-            plain = not isinstance(self._sock, ssl.SSLSocket)
-            if plain and self._received is not None and self._received != self._read:
-                keep = False
+            keep = self._nothing_past_the_answer()
         # bytes after the answer answer no request: the connection carries no other
         return answer, keep and not self._buffer
+
+    def _nothing_past_the_answer(self) -> bool:
+        """Whether the connection, its answer read, holds nothing more (so it may carry
+        another request), and what TCP_INFO counts as received by now, for ``usable``.
+        A plain socket's bytes are all the answer's: more received than read, the endpoint
+        sent past the answer. A TLS socket's TLS layer reads a record at a time: one that
+        came with the answer (another answer, a close_notify) waits in the kernel, which
+        says how many bytes it holds unread (FIONREAD)."""
+        self._used = time.monotonic()
+        try:
+            self._received = self._tcp_received()
+            if self._received is None:
+                return True  # no TCP_INFO: ``usable`` polls
+            if isinstance(self._sock, ssl.SSLSocket):
+                unread = array.array("i", [0])
+                fcntl.ioctl(self._sock.fileno(), termios.FIONREAD, unread, True)
+                return unread[0] == 0 and not self._sock.pending()
+            return self._received == self._read
+        except (OSError, ValueError):
+            return False
 
     def _arm(self) -> None:
         if self._read_timeout is not None:
@@ -408,7 +429,7 @@ class _Connection:
         parts: list[bytes] = []
         while True:
             size_line = self._line()
-            if not size_line:
+            if not size_line.endswith(b"\n"):  # the connection ended inside the framing
                 raise ConnectionClosedError(endpoint_url=self._url)
             try:
                 size = int(size_line.split(b";", 1)[0].strip(), 16)
@@ -417,8 +438,9 @@ class _Connection:
             if size < 0:
                 raise self._garbled(f"a chunk size {size_line[:100]!r}")
             if size == 0:
-                while self._line() not in (b"\r\n", b"\n", b""):  # trailers
-                    pass
+                while (line := self._line()) not in (b"\r\n", b"\n"):  # trailers
+                    if not line.endswith(b"\n"):  # the connection ended before the last
+                        raise ConnectionClosedError(endpoint_url=self._url)
                 return b"".join(parts)
             chunk = self._exactly(size + 2)
             if not chunk.endswith(b"\r\n"):  # more (or less) than the chunk's size said
