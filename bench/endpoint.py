@@ -1,4 +1,4 @@
-"""``python -m bench.endpoint [--port 0] [--latency-ms MS]``: an endless SQS endpoint.
+"""``python -m bench.endpoint [--port 0] [--latency-ms MS] [--tls CERT KEY]``: endless SQS.
 
 An HTTP/1.1 server in a process of its own that speaks SQS's JSON protocol (what botocore
 sends today: ``POST /``, ``X-Amz-Target: AmazonSQS.<Action>``, a JSON body) and, for
@@ -13,6 +13,9 @@ until messages are sent to it; from then on, copies of the last 1,000 sent to it
 sqs-workers) sends some with its own producer, and is then served endless copies (a
 framework that tracks its tasks by ID meets one ID again only 1,000 messages later).
 
+With ``--tls`` it speaks HTTPS with that certificate, as SQS does (``Endpoint(tls=True)``
+makes one for 127.0.0.1, and its ``ca`` is what a client trusts: ``AWS_CA_BUNDLE``).
+
 It prints its URL (``http://127.0.0.1:PORT``) on the first line of stdout, and answers
 ``GET /stats`` with a JSON object: requests by action, and messages received, deleted,
 made visible again (visibility 0), extended and sent. ``Endpoint`` runs it from Python.
@@ -26,8 +29,10 @@ import hashlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -309,12 +314,18 @@ class Connection(asyncio.Protocol):
         return "200 OK", "text/xml", "", _query_answer(action, result).encode()
 
 
-async def serve(host: str, port: int, latency: float) -> None:
+async def serve(host: str, port: int, latency: float, tls: tuple[str, str] | None = None) -> None:
     loop = asyncio.get_running_loop()
     holder: list[Service] = []
-    server = await loop.create_server(lambda: Connection(holder[0], latency), host, port)
+    context = None
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+    server = await loop.create_server(
+        lambda: Connection(holder[0], latency), host, port, ssl=context
+    )
     bound = server.sockets[0].getsockname()[1]
-    url = f"http://{host}:{bound}"
+    url = f"{'https' if tls else 'http'}://{host}:{bound}"
     holder.append(Service(url))
     print(url, flush=True)
     stop = asyncio.Event()
@@ -327,20 +338,26 @@ async def serve(host: str, port: int, latency: float) -> None:
 class Endpoint:
     """The endpoint in a process of its own: ``with Endpoint(latency_ms=20) as e: e.url``."""
 
-    def __init__(self, latency_ms: float = 0, pythonpath: str | None = None) -> None:
+    def __init__(
+        self, latency_ms: float = 0, pythonpath: str | None = None, tls: bool = False
+    ) -> None:
         self.latency_ms = latency_ms
         self.pythonpath = pythonpath or str(Path(__file__).resolve().parents[1])
         self.process: subprocess.Popen[str] | None = None
         self.url = ""
+        self.tls = tls
+        self.ca = ""  # with tls: the certificate a client trusts (AWS_CA_BUNDLE)
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
 
     def __enter__(self) -> Endpoint:
         env = {**os.environ, "PYTHONPATH": self.pythonpath}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.endpoint", "--latency-ms", str(self.latency_ms)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        command = [sys.executable, "-m", "bench.endpoint", "--latency-ms", str(self.latency_ms)]
+        if self.tls:
+            self._folder = tempfile.TemporaryDirectory()
+            cert, key = certificate(Path(self._folder.name))
+            self.ca = cert
+            command += ["--tls", cert, key]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
         assert self.process.stdout is not None
         self.url = self.process.stdout.readline().strip()
         if not self.url:
@@ -348,7 +365,8 @@ class Endpoint:
         return self
 
     def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.url}/stats", timeout=10) as response:
+        context = ssl.create_default_context(cafile=self.ca) if self.ca else None
+        with urllib.request.urlopen(f"{self.url}/stats", timeout=10, context=context) as response:
             result: dict[str, Any] = json.load(response)
         return result
 
@@ -361,6 +379,17 @@ class Endpoint:
         if self.process:
             self.process.terminate()
             self.process.wait(10)
+        if self._folder is not None:
+            self._folder.cleanup()
+
+
+def certificate(folder: Path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 and its key, made by openssl in ``folder``."""
+    cert, key = folder / "endpoint.pem", folder / "endpoint.key"
+    made = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    made += ["-addext", "subjectAltName=IP:127.0.0.1", "-subj", "/CN=127.0.0.1"]
+    subprocess.run([*made, "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return str(cert), str(key)
 
 
 def main() -> None:
@@ -368,8 +397,10 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: any free port")
     parser.add_argument("--latency-ms", type=float, default=0, help="added to every answer")
+    parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="speak HTTPS")
     args = parser.parse_args()
-    asyncio.run(serve(args.host, args.port, args.latency_ms / 1000))
+    tls = (args.tls[0], args.tls[1]) if args.tls else None
+    asyncio.run(serve(args.host, args.port, args.latency_ms / 1000, tls))
 
 
 if __name__ == "__main__":

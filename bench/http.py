@@ -180,6 +180,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--latency-ms", type=float, default=0, help="added to every answer")
     parser.add_argument(
+        "--tls", action="store_true", help="HTTPS, as SQS speaks it (the consumers trust its CA)"
+    )
+    parser.add_argument(
         "--against",
         metavar="REF",
         help="also run the two `sqsworker run` rows on REF's sqsworker (a git ref), side by side",
@@ -211,8 +214,9 @@ def main() -> None:
 
 def _run(args: argparse.Namespace, against: tuple[Path, dict[str, str]] | None) -> None:
     places: dict[str, tuple[Path, dict[str, str]]] = {}
-    with Endpoint(latency_ms=args.latency_ms) as endpoint:
+    with Endpoint(latency_ms=args.latency_ms, tls=args.tls) as endpoint:
         url = endpoint.url
+        trust = {"AWS_CA_BUNDLE": endpoint.ca} if endpoint.ca else {}
         rows: dict[str, list[str]] = {
             "floor: boto3 loop, receive 10 + delete batch 10": consumer("floor", url)
         }
@@ -243,9 +247,14 @@ def _run(args: argparse.Namespace, against: tuple[Path, dict[str, str]] | None) 
         for round_ in range(args.rounds):
             order = list(rows) if round_ % 2 == 0 else list(rows)[::-1]
             for name in order:
-                cwd, env = places.get(name, (None, None))
+                cwd, env = places.get(name, (None, {}))
                 result = measure(
-                    rows[name], endpoint, warmup=args.warmup, seconds=args.seconds, env=env, cwd=cwd
+                    rows[name],
+                    endpoint,
+                    warmup=args.warmup,
+                    seconds=args.seconds,
+                    env={**(env or {}), **trust},
+                    cwd=cwd,
                 )
                 runs[name].append(result)
                 print(
