@@ -139,11 +139,19 @@ def test_a_body_ending_with_the_connection_cut_by_the_deadline_is_a_timeout_not_
     serve: Callable[..., Endpoint], tls: tuple[Any, Any]
 ) -> None:
     """An answer without Content-Length (its body ends where the connection does) that
-    stalls mid-body: the deadline's shutdown makes the next recv return b"", which
-    ``_rest`` takes for the end of the body. Before the commit the recv's timeout raised
-    ReadTimeoutError; now the cut body comes back as a whole 200 answer."""
-    server_tls, client_tls = tls
+    stalls mid-body: the deadline's shutdown makes the next recv return b"", which is not
+    the body's end but a ReadTimeoutError (after 5064d99 the cut body came back as a whole
+    200 answer)."""
     head = b'HTTP/1.1 200 OK\r\nContent-Type: application/x-amz-json-1.0\r\n\r\n{"Messages": [{"'
+    assert_cut_is_a_timeout(serve, tls, head)
+
+
+def assert_cut_is_a_timeout(
+    serve: Callable[..., Endpoint], tls: tuple[Any, Any], head: bytes
+) -> None:
+    """An endpoint that writes ``head`` and stalls: the request ends at its read timeout
+    as a ReadTimeoutError, not as an answer, and its connection is not kept."""
+    server_tls, client_tls = tls
     server = serve(_head_then_stall(head), server_tls)
     wire = server.wire(read_timeout=0.3, context=client_tls)
     thread, outcome = _in_thread(lambda: wire.post(HEAD, b"{}"))
@@ -186,9 +194,9 @@ class _CutError(BaseHTTPRequestHandler):
 def test_a_cut_error_answer_is_a_retryable_timeout_not_a_refusal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Through the lean client: the cut body of a 400 is parsed as botocore parses an
-    error, so a request that timed out becomes ClientError '400', which ``translate``
-    makes a refusal that is not retried (before: ReadTimeoutError, a retryable fault)."""
+    """Through the lean client: the cut body of a 400 is a retryable ReadTimeoutError, not
+    an error parsed from half a body (after 5064d99 it became ClientError '400', which
+    ``translate`` makes a refusal that is not retried)."""
     for name, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -251,9 +259,9 @@ def test_what_an_idle_connection_received_is_not_read_as_the_next_answer(
 ) -> None:
     """Bytes that reach an idle connection after its answer (a second answer to one
     request, a body longer than its Content-Length sent in another segment) leave its TCP
-    state ESTABLISHED: idle under IDLE_CHECK the connection is reused without a poll, and
-    the next request reads those bytes as its answer. Before the commit the poll found
-    them and the connection was dropped; now TCP_INFO's count of bytes received does."""
+    state ESTABLISHED; idle under IDLE_CHECK, TCP_INFO's count of bytes received finds
+    them, and the connection is dropped, not read by the next request (as 5064d99, which
+    looked at the state alone, let it be)."""
     server_tls, client_tls = tls
     server = serve(_stale_while_idle, server_tls)
     wire = server.wire(read_timeout=5.0, context=client_tls)
@@ -345,13 +353,13 @@ except Exception as exc:
 
 
 def test_a_wire_collected_while_the_deadlines_lock_is_held_does_not_deadlock() -> None:
-    """A Wire nobody closed closes its idle connections from a ``weakref.finalize``, and
-    ``_Connection.close`` takes the Deadlines lock (``disarm``). The lean client's Wire
-    goes only with a cycle (LeanSQS registers its bound ``_learn`` on its own botocore
-    client), so the cyclic collector runs that finalizer in whichever thread it runs: in
-    the deadline thread inside ``_keep`` (or in a request's ``arm``), which holds the
-    non-reentrant lock, that thread blocks on itself, and every request after it. Run in a
-    child process, which is killed if it hangs."""
+    """A Wire nobody closed closes its idle connections from a ``weakref.finalize``. The
+    lean client's Wire goes only with a cycle (LeanSQS registers its bound ``_learn`` on
+    its own botocore client), so the cyclic collector runs that finalizer in whichever
+    thread it runs, the deadline thread inside ``_keep`` (holding the Deadlines lock)
+    among them: closing a connection takes no lock, so nothing blocks (after 5064d99,
+    ``_Connection.close`` took it, and that thread and every request after it hung). Run
+    in a child process, which is killed if it hangs."""
     root = Path(__file__).resolve().parents[2]
     child = subprocess.run(
         [sys.executable, "-c", _DEADLOCK], cwd=root, capture_output=True, text=True, timeout=60

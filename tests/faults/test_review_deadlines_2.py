@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
-from botocore.exceptions import ReadTimeoutError
 
 from sqsworker.transports import wire as wire_module
 from sqsworker.transports.wire import tls_context
@@ -20,9 +19,9 @@ from sqsworker.transports.wire import tls_context
 from .test_review_deadlines import (
     WAIT,
     Endpoint,
-    _head_then_stall,
     _in_thread,
     _request,
+    assert_cut_is_a_timeout,
     serve,
     tls,
 )
@@ -85,11 +84,11 @@ def test_a_tls_record_that_came_with_the_answer_is_seen_before_the_connection_is
     serve: Callable[..., Endpoint], tmp_path: Path, script: Callable[..., None]
 ) -> None:
     """OpenSSL reads a record at a time (no read-ahead): a record that arrived with the
-    answer stays in the kernel, not in ``_buffer`` nor ``pending()``. TCP_INFO's count at
-    the answer's end already includes it, so the idle check (count unchanged) passes and
-    the next request is sent on that connection: it reads the stale answer as its own, or
-    the close_notify as a ConnectionClosedError after its request went out. (Plain
-    sockets: the bytes read catch it; before 5064d99, and past IDLE_CHECK, the poll does.)"""
+    answer stays in the kernel, not in ``_buffer`` nor ``pending()``, and TCP_INFO's count
+    at the answer's end already includes it. The answer's end finds it unread (FIONREAD)
+    and the connection is not kept: the next request does not read the stale answer as
+    its own, nor the close_notify as a ConnectionClosedError after its request went out
+    (9d93c26 let both through). Plain sockets: the bytes read catch it."""
     cert, key = _certificate(tmp_path, "endpoint", "IP:127.0.0.1")
     server = serve(script, _serving(cert, key))
     wire = server.wire(read_timeout=5.0, context=tls_context(cert, None, None))
@@ -110,21 +109,12 @@ def test_a_chunked_body_cut_by_the_deadline_in_a_chunk_size_line_is_a_timeout(
 ) -> None:
     """A chunked answer whose chunk sizes have leading zeros (``1*HEXDIG``, as fixed-width
     writers send them) stalls after the "0" of "0005": the deadline's shutdown ends the
-    line there, ``_line`` returns b"0" as if whole, ``_chunked`` takes it for the last
-    chunk and the trailers' end for b"", and the cut body comes back as a whole 200 (the
-    close-delimited case of 9d93c26's second fix, left open for chunked bodies)."""
-    server_tls, client_tls = tls
+    line there, and a chunk-size line cut before its end is no last chunk but a
+    ReadTimeoutError (9d93c26 took b"0" for the last chunk and returned the cut body as a
+    whole 200)."""
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     head += b'000e\r\n{"Messages": [\r\n0'  # the next chunk's size, cut after its "0"
-    server = serve(_head_then_stall(head), server_tls)
-    wire = server.wire(read_timeout=0.3, context=client_tls)
-    thread, outcome = _in_thread(lambda: wire.post(HEAD, b"{}"))
-    thread.join(WAIT)
-    assert outcome, "the request did not end"
-    [got] = outcome
-    shown = got if isinstance(got, BaseException) else (got.status, got.body)  # type: ignore[attr-defined]
-    assert isinstance(got, ReadTimeoutError), f"a cut answer was returned whole: {shown!r}"
-    assert wire._idle == []
+    assert_cut_is_a_timeout(serve, tls, head)
 
 
 @needs_openssl

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import boto3
 import pytest
@@ -13,6 +14,17 @@ from botocore.exceptions import SSLError
 from bench.endpoint import Endpoint
 
 pytestmark = pytest.mark.integration
+
+
+def _client(url: str, **options: Any) -> Any:
+    return boto3.client(
+        "sqs",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+        **options,
+    )
 
 
 @pytest.fixture
@@ -24,13 +36,7 @@ def endpoint() -> Iterator[Endpoint]:
 
 
 def test_a_queue_serves_the_messages_sent_to_it_in_turn(endpoint: Endpoint) -> None:
-    client = boto3.client(
-        "sqs",
-        endpoint_url=endpoint.url,
-        region_name="us-east-1",
-        aws_access_key_id="bench",
-        aws_secret_access_key="bench",
-    )
+    client = _client(endpoint.url)
     url = client.get_queue_url(QueueName="tasks")["QueueUrl"]
     attribute = {"JobName": {"DataType": "String", "StringValue": "job"}}
     client.send_message(QueueUrl=url, MessageBody="first", MessageAttributes=attribute)
@@ -53,25 +59,11 @@ def test_over_tls_it_is_reached_only_by_a_client_that_trusts_its_certificate() -
     # bench.http --tls: the consumers trust it through AWS_CA_BUNDLE, as SQS's own CA
     with Endpoint(tls=True) as running:
         assert running.url.startswith("https://")
-        trusting = boto3.client(
-            "sqs",
-            endpoint_url=running.url,
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-            verify=running.ca,
-        )
+        trusting = _client(running.url, verify=running.ca)
         url = trusting.get_queue_url(QueueName="tasks")["QueueUrl"]
         assert len(trusting.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]) == 10
         assert running.stats()["requests"]["ReceiveMessage"] == 1
-        doubting = boto3.client(
-            "sqs",
-            endpoint_url=running.url,
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-            verify=True,  # botocore's own bundle: not this certificate
-        )
+        doubting = _client(running.url, verify=True)  # the usual bundle: not this certificate
         with pytest.raises(SSLError):
             doubting.receive_message(QueueUrl=url)
         assert running.process is not None and running.process.stdout is not None
