@@ -154,7 +154,7 @@ class StandaloneCluster:
     def alive_workers(self) -> int:
         try:
             return sum(w["state"] == "ALIVE" for w in self.state()["workers"])
-        except OSError:
+        except (OSError, ValueError):  # not up yet: no answer, or its page before its JSON
             return 0
 
     def executors(self) -> list[int]:
