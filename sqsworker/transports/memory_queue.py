@@ -123,9 +123,14 @@ class Visibility:
         self._promote(messages, now)
         ready = self.ready
         while ready:
-            _, mark, message_id = heapq.heappop(ready)
+            order, mark, message_id = heapq.heappop(ready)
             message = messages.get(message_id)
-            if message is not None and message.mark == mark and message.visible_at <= now:
+            if (
+                message is not None
+                and message.order == order  # not an earlier copy's (delivered again)
+                and message.mark == mark
+                and message.visible_at <= now
+            ):
                 yield message
 
     def next_visible(self, messages: dict[str, StoredMessage], now: float) -> float | None:
@@ -195,12 +200,14 @@ class MemoryQueue:
         self.messages[message.message_id] = message
         if self.index is not None:
             self.index.place(message, now)
+            self.index.tidy(self.messages, now)
 
     def show_at(self, message: StoredMessage, at: float, now: float) -> None:
         """``message`` becomes visible at ``at`` (hidden until then)."""
         message.visible_at = at
         if self.index is not None:
             self.index.place(message, now)
+            self.index.tidy(self.messages, now)  # renewals with no receive between
 
     def remove(self, message_id: str) -> None:
         """Forget a message: deleted, or moved to the dead-letter queue.
