@@ -4,14 +4,14 @@ comparison in test_memory_index.py does not reach."""
 from __future__ import annotations
 
 from sqsworker.clock import FakeClock
-from sqsworker.transports import OutgoingMessage
+from sqsworker.transports import Envelope, OutgoingMessage
 from sqsworker.transports.memory import MemorySQS
 
 
 def test_a_message_dead_lettered_twice_into_a_dlq_is_received_once_in_send_order() -> None:
     # A copy delivered again is made from the deleted snapshot, whose ``mark`` is older
-    # than a later copy's: a stale entry the DLQ kept for the first copy then looks
-    # current for the second.
+    # than a later copy's: a stale entry the DLQ kept for the first copy must not look
+    # current for the second (its place in send order tells them apart).
     clock = FakeClock()
     service = MemorySQS(clock, seed=3)
     service.create_queue_with_dlq("jobs", max_receive_count=1)
@@ -29,38 +29,41 @@ def test_a_message_dead_lettered_twice_into_a_dlq_is_received_once_in_send_order
     service.deliver_again("jobs", x)  # and once more while visible
     assert not dlq.send_batch([OutgoingMessage("y")]).failed  # older than x's next arrival
     assert jobs.receive(10, 0, 0) == []  # x to the DLQ again, now its newest
-    got = dlq.receive(10, 0, 0)
-    bodies = [e.body for e in got]
+    bodies = [e.body for e in dlq.receive(10, 0, 0)]
     assert bodies == ["y", "x"]  # the walk's answer: oldest first, each once
 
 
-def test_heartbeats_without_receives_keep_the_index_bounded() -> None:
-    # ``tidy`` runs only inside a receive: a worker extending its one message's
-    # visibility and not polling (a single-slot worker busy with a long job) grows the
-    # hidden heap by one entry per extension, without bound.
+def _one_held(seed: int) -> tuple[FakeClock, MemorySQS, Envelope]:
+    """A queue "jobs" with one message, received and held for 30 s."""
     clock = FakeClock()
-    service = MemorySQS(clock, seed=4)
+    service = MemorySQS(clock, seed=seed)
     service.create_queue("jobs")
     jobs = service.transport("jobs")
     jobs.send_batch([OutgoingMessage("long job")])
     (held,) = jobs.receive(1, 0, 30)
+    return clock, service, held
+
+
+def _index_entries(service: MemorySQS) -> int:
+    index = service._queues["jobs"].index
+    assert index is not None
+    return len(index.ready) + len(index.hidden)
+
+
+def test_heartbeats_without_receives_keep_the_index_bounded() -> None:
+    # A worker extending its one message's visibility and not polling (a single-slot
+    # worker busy with a long job): the index is tidied on each change, not only on a
+    # receive, so its entries stay bounded.
+    clock, service, held = _one_held(seed=4)
+    jobs = service.transport("jobs")
     for _ in range(5_000):
         clock.advance(1)
         assert not jobs.change_visibility_batch([("0", held.receipt_handle, 30)]).failed
-    index = service._queues["jobs"].index
-    assert index is not None
-    assert len(index.ready) + len(index.hidden) <= 2 * 1 + 64
+    assert _index_entries(service) <= 2 * 1 + 64
 
 
 def test_deliver_again_without_receives_keeps_the_index_bounded() -> None:
-    clock = FakeClock()
-    service = MemorySQS(clock, seed=5)
-    service.create_queue("jobs")
-    jobs = service.transport("jobs")
-    jobs.send_batch([OutgoingMessage("x")])
-    (held,) = jobs.receive(1, 0, 30)
+    _, service, held = _one_held(seed=5)
     for _ in range(5_000):
         service.deliver_again("jobs", held.message_id)
-    index = service._queues["jobs"].index
-    assert index is not None
-    assert len(index.ready) + len(index.hidden) <= 2 * 1 + 64
+    assert _index_entries(service) <= 2 * 1 + 64
