@@ -1,8 +1,9 @@
 """The simple alternative, as people write it: receive, run each message, delete each.
 
 No heartbeat, one thread, the visibility timeout set long enough for the longest
-handler. ``python -m bench.naive QUEUE VISIBILITY HANDLER`` runs it as a process
-(the kill measurements); ``consume`` runs it in this one.
+handler, and boto3's client, as such a loop is written (on sqsworker's lean client it
+would cost less than any loop users write). ``python -m bench.naive QUEUE VISIBILITY
+HANDLER`` runs it as a process (the kill measurements); ``consume`` runs it in this one.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def consume(
 
 def main() -> None:
     queue, visibility, handler = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    consume(SQSTransport.connect(queue), import_from_string(handler), visibility, threading.Event())
+    transport = SQSTransport.connect(queue, sqs_client="boto3")
+    consume(transport, import_from_string(handler), visibility, threading.Event())
 
 
 if __name__ == "__main__":
