@@ -65,7 +65,10 @@ __all__ = [
     "State",
 ]
 
-MAX_SENDERS = 16  # calls to SQS under way at once, at most
+# Calls to SQS under way at once, at most. 1,000 coroutines of 100 ms at 20 ms a request
+# need about 20 delete calls under way; behind 16, deletes not yet made took the room of
+# the receives, and the worker moved 0.65 of its ideal (0.71 to 0.79 with 32).
+MAX_SENDERS = 32
 
 
 class Held(Entry):
