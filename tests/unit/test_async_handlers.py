@@ -22,6 +22,7 @@ from sqsworker.errors import TransportError
 from sqsworker.events import Observer
 from sqsworker.logs import LogObserver
 from sqsworker.metrics import Metrics
+from sqsworker.running import Coroutines
 from sqsworker.stores import State
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import OutgoingMessage, send_all
@@ -69,6 +70,9 @@ def test_an_async_handler_is_awaited_and_its_message_deleted_only_after_it_ran(
     rig.worker.start()
     rig.wait_for("deleted", 3)
     assert sorted(done) == ["a", "b", "c"]  # the coroutine ran to its end, not only made
+    runner = rig.worker.runner
+    assert isinstance(runner, Coroutines)
+    wait_until(lambda: not runner.loop._tasks, what="no task kept once its message is done")
     assert rig.stop() == 0
     assert rig.queue.counts().total == 0
 
