@@ -180,8 +180,10 @@ class EventLoopRunner:
             self._dispatching = False
 
     def _begin(self, batch: list[Any]) -> None:
-        for message in batch:  # each task leaves _tasks as it ends, in _guarded
-            self._tasks.add(self._loop.create_task(self._guarded(message)))
+        for message in batch:
+            task = self._loop.create_task(self._guarded(message))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _guarded(self, message: Any) -> None:
         try:
@@ -194,10 +196,6 @@ class EventLoopRunner:
             self._faults += 1
             log.exception("worker fault: a coroutine handling a message failed")
         finally:
-            # Here rather than in a done callback: one callback fewer a message on the loop.
-            task = asyncio.current_task(self._loop)
-            if task is not None:
-                self._tasks.discard(task)
             with self._room:
                 self._running -= 1
                 self._room.notify()
