@@ -289,6 +289,23 @@ def draw(seed: int) -> Schedule:
             sends.append((many.uniform(0, horizon / 2), extra[:30]))
             extra = extra[30:]
         sends.sort(key=lambda s: s[0])
+    # Now and then as many lease senders as a worker may have (32: from 310 messages of
+    # concurrency and prefetch): batches of 12 on 14 to 20 threads, and a backlog that
+    # keeps their deletes coming, so the held bound counts a batch per sender at the
+    # cap. Drawn apart too.
+    cap = random.Random(f"senders cap {seed}")
+    if cap.random() < 0.03 and "batch_size" not in config:
+        config["concurrency"] = cap.randint(14, 20)
+        config["batch_size"] = 12
+        config["batch_window"] = cap.choice([0.0, 0.5])
+        config["prefetch"] = None
+        extra = list(range(len(plans), len(plans) + cap.randint(150, 300)))
+        for n in extra:
+            plans[n] = Plan("healthy", [cap.choice([0.0, cap.uniform(0, 2)])] * 8)
+        while extra:
+            sends.append((cap.uniform(0, horizon / 2), extra[:60]))
+            extra = extra[60:]
+        sends.sort(key=lambda s: s[0])
     schedule = Schedule(
         seed=seed,
         hand_over=hand_over,
