@@ -67,7 +67,7 @@ __all__ = [
 
 # Calls to SQS under way at once, at most. 1,000 coroutines of 100 ms at 20 ms a request
 # need about 20 delete calls under way; behind 16, deletes not yet made took the room of
-# the receives, and the worker moved 0.65 of its ideal (0.71 to 0.79 with 32).
+# the receives, and the worker moved 0.63 of its ideal (0.77 with 32: bench/README.md).
 MAX_SENDERS = 32
 
 

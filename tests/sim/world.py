@@ -289,7 +289,7 @@ def draw(seed: int) -> Schedule:
             sends.append((many.uniform(0, horizon / 2), extra[:30]))
             extra = extra[30:]
         sends.sort(key=lambda s: s[0])
-    # Now and then as many lease senders as a worker may have (32: from 310 messages of
+    # Now and then as many lease senders as a worker may have (32: from 311 messages of
     # concurrency and prefetch): batches of 12 on 14 to 20 threads, and a backlog that
     # keeps their deletes coming, so the held bound counts a batch per sender at the
     # cap. Drawn apart too.

@@ -87,8 +87,9 @@ def test_concurrency_counts_coroutines_on_one_loop_thread_not_threads(
     rig.worker.start()
     wait_until(lambda: crowd.now == 200, what="200 coroutines under way")
     assert crowd.threads == {"sqsworker-event-loop"}
-    # 200 handlers in flight cost no handler threads: the receive and lease threads (about
-    # 50 here: 25 each), the loop, its dispatcher and watchdog.
+    # 200 handlers in flight cost no handler threads: the receive and lease threads (52
+    # here: 25 receive threads, the lease thread and its 26 senders), the loop, its
+    # dispatcher and watchdog.
     started = [t.name for t in threading.enumerate() if t not in before]
     assert not [n for n in started if n.startswith("sqsworker-handler")]
     assert len(started) < 60
@@ -104,8 +105,8 @@ def test_a_thousand_coroutines_keep_32_delete_calls_under_way_while_sqs_is_slow(
 ) -> None:
     """At 1,000 coroutines of 100 ms and 20 ms a request, deletes need about 20 calls
     under way at once. With 16 senders at most, the deletes queued behind them took the
-    room of the receives: held messages through their handler, not yet deleted, piled up
-    to 530, and the worker moved 0.65 of its ideal (bench/README.md)."""
+    room of the receives: held messages through their handler, not yet deleted, averaged
+    533, and the worker moved 0.63 of its ideal (bench/README.md, "The lease's senders")."""
 
     async def handler(message: Message) -> None:
         pass
