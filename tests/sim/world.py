@@ -282,13 +282,7 @@ def draw(seed: int) -> Schedule:
     if many.random() < 0.06 and "batch_size" not in config:
         config["concurrency"] = many.randint(20, 40)
         config["prefetch"] = many.choice([None, many.randint(20, 80)])
-        extra = list(range(len(plans), len(plans) + many.randint(60, 120)))
-        for n in extra:
-            plans[n] = Plan("healthy", [many.choice([0.0, many.uniform(0, 2)])] * 8)
-        while extra:
-            sends.append((many.uniform(0, horizon / 2), extra[:30]))
-            extra = extra[30:]
-        sends.sort(key=lambda s: s[0])
+        _add_backlog(many, many.randint(60, 120), 30, plans, sends, horizon)
     # Now and then as many lease senders as a worker may have (32: from 311 messages of
     # concurrency and prefetch): batches of 12 on 14 to 20 threads, and a backlog that
     # keeps their deletes coming, so the held bound counts a batch per sender at the
@@ -299,13 +293,7 @@ def draw(seed: int) -> Schedule:
         config["batch_size"] = 12
         config["batch_window"] = cap.choice([0.0, 0.5])
         config["prefetch"] = None
-        extra = list(range(len(plans), len(plans) + cap.randint(150, 300)))
-        for n in extra:
-            plans[n] = Plan("healthy", [cap.choice([0.0, cap.uniform(0, 2)])] * 8)
-        while extra:
-            sends.append((cap.uniform(0, horizon / 2), extra[:60]))
-            extra = extra[60:]
-        sends.sort(key=lambda s: s[0])
+        _add_backlog(cap, cap.randint(150, 300), 60, plans, sends, horizon)
     schedule = Schedule(
         seed=seed,
         hand_over=hand_over,
@@ -324,6 +312,25 @@ def draw(seed: int) -> Schedule:
     )
     _draw_hostile(schedule, random.Random(f"hostile {seed}"))
     return schedule
+
+
+def _add_backlog(
+    rng: random.Random,
+    count: int,
+    chunk: int,
+    plans: dict[int, Plan],
+    sends: list[tuple[float, list[int]]],
+    horizon: float,
+) -> None:
+    """``count`` more healthy messages, each quick or up to 2 s, sent ``chunk`` at a time
+    in the schedule's first half."""
+    extra = list(range(len(plans), len(plans) + count))
+    for n in extra:
+        plans[n] = Plan("healthy", [rng.choice([0.0, rng.uniform(0, 2)])] * 8)
+    while extra:
+        sends.append((rng.uniform(0, horizon / 2), extra[:chunk]))
+        extra = extra[chunk:]
+    sends.sort(key=lambda s: s[0])
 
 
 # What a producer can send, and SQS (or another server) report, that no step may choke on:
