@@ -12,6 +12,7 @@ the user's code) through structlog's ``ProcessorFormatter``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 
 BODY_LIMIT = 4096  # characters of a body logged with --log-bodies
+TRACE_SHOWN = "_sqsworker_trace_shown"  # set on an error whose traceback a line showed
 
 
 def configure(level: str = "info", fmt: str = "auto") -> None:
@@ -220,21 +222,21 @@ class LogObserver(Observer):
         self.log = logger or structlog.get_logger("sqsworker")
         self.log_bodies = log_bodies
         self.max_receive_count: int | None = None
-        self._traced: tuple[int, int] | None = None  # the last error whose trace was shown
         self._assembled: tuple[tuple[Any, ...], Any] = ((None,) * 4, None)  # see _logger()
         # Handled messages whose delete SQS never took: they may run again.
         self.not_deleted = 0
 
     def _trace_once(self, error: BaseException | None) -> BaseException | None:
-        """``error``, for its traceback, unless the line before showed it: a batch handler's
-        exception fails each of its messages, and one traceback says it. (Ids, not the
-        error, are kept: holding it would hold its frames and the batch's messages.)"""
+        """``error``, for its traceback, unless a line showed it before: a batch handler's
+        exception fails each of its messages, and one traceback says it. The error itself
+        is marked: nothing here holds it (its frames hold the batch's messages), and its
+        id, kept instead, was taken by the next error allocated where it had been."""
         if error is None:
             return None
-        seen = (id(error), id(error.__traceback__))
-        if seen == self._traced:
+        if getattr(error, TRACE_SHOWN, False):
             return None
-        self._traced = seen
+        with contextlib.suppress(AttributeError, TypeError):  # an exception without a dict
+            setattr(error, TRACE_SHOWN, True)
         return error
 
     def _logger(self) -> Any:

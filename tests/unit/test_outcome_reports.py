@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import structlog
+from structlog.testing import capture_logs
 
 from sqsworker import Backoff, Message, Reject, Worker, WorkerConfig
 from sqsworker.clock import FakeClock
@@ -25,7 +26,7 @@ from sqsworker.lease_state import State
 from sqsworker.logs import LogObserver, configure
 from sqsworker.metrics import Metrics
 from sqsworker.stores.memory import MemoryStore
-from sqsworker.transports import OutgoingMessage, send_all
+from sqsworker.transports import Envelope, OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS
 
 from ..conftest import wait_until
@@ -228,6 +229,28 @@ def test_console_tracebacks_show_no_local_variables(
         logging.getLogger().handlers = []
     assert "Traceback" in stream.getvalue() and "declined (11 digits)" in stream.getvalue()
     assert "4111-SECRET" not in stream.getvalue()
+
+
+def test_each_error_shows_its_traceback_though_its_id_is_a_freed_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A traceback is shown once an error. The observer kept the last shown error's id and
+    its traceback's, and an error allocated where a freed one had been would match them,
+    its traceback unshown (likely what failed the console test below, once in six runs).
+    Every id the observer could read is made to match here."""
+    monkeypatch.setattr("sqsworker.logs.id", lambda obj: 1, raising=False)
+    observer = LogObserver("h")
+    message = Message(Envelope("m-1", "handle-1", "7"), "jobs")
+    errors = []
+    for body in ("7", "8"):
+        try:
+            raise ValueError(f"order {body} has no line items")
+        except ValueError as exc:
+            errors.append(exc)
+    with capture_logs() as lines:
+        for error in (*errors, errors[1]):  # the last one again, as a batch's messages share it
+            observer.handler_failed(message, error, 0.1, 0.0, last_attempt=True)
+    assert [line.get("exc_info") for line in lines] == [errors[0], errors[1], None]
 
 
 def test_a_console_shows_a_failure_in_one_line_and_only_the_handlers_frames_at_the_last(
