@@ -253,7 +253,7 @@ def _run(args: argparse.Namespace, against: tuple[Path, dict[str, str]] | None) 
                     endpoint,
                     warmup=args.warmup,
                     seconds=args.seconds,
-                    env={**(env or {}), **trust},
+                    env={**env, **trust},
                     cwd=cwd,
                 )
                 runs[name].append(result)

@@ -229,8 +229,8 @@ class LogObserver(Observer):
     def _trace_once(self, error: BaseException | None) -> BaseException | None:
         """``error``, for its traceback, unless a line showed it before: a batch handler's
         exception fails each of its messages, and one traceback says it. The error itself
-        is marked: nothing here holds it (its frames hold the batch's messages), and its
-        id, kept instead, was taken by the next error allocated where it had been."""
+        is marked: held here, its frames would hold the batch's messages, and its id may be
+        a later error's once it is freed."""
         if error is None:
             return None
         if getattr(error, TRACE_SHOWN, False):
