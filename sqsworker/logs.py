@@ -13,6 +13,7 @@ the user's code) through structlog's ``ProcessorFormatter``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -53,6 +54,8 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         UtcStamper() if as_json else structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
     ]
     renderer: Any
+    global _direct
+    _direct = None
     if as_json:
         shared.append(structlog.processors.format_exc_info)
         renderer = structlog.processors.JSONRenderer(serializer=_json)
@@ -65,14 +68,18 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         shared.append(_key_unless_the_id)
     # Lines are written by a thread of their own, a few at a time (log_output.py says why).
     output = log_output.shared(sys.stderr)
+    processors = [*shared, renderer]
+    factory = log_output.OutputFactory(output)
+    threshold = logging.getLevelNamesMapping()[level.upper()]
+    wrapper = structlog.make_filtering_bound_logger(threshold)
     structlog.configure(
-        processors=[*shared, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
-        logger_factory=log_output.OutputFactory(output),
+        processors=processors,
+        wrapper_class=wrapper,
+        logger_factory=factory,
         cache_logger_on_first_use=False,
     )
+    if threshold <= logging.INFO:
+        _direct = _DirectLines(processors, wrapper, factory)
     # The standard library's records (boto3's warnings, the handler's own logging
     # calls) go through the same processors; third-party chatter stays at WARNING.
     stream = log_output.OutputHandler(output)
@@ -88,6 +95,45 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
 
 
 _PACKAGE = str(Path(__file__).resolve().parent) + os.sep
+
+
+class _DirectLines:
+    """The INFO lines of the configuration ``configure`` made, run through its processors
+    without structlog's bound logger: the same line, at under half its cost. Every message
+    handled writes one (``message processed``): 20 µs through the bound logger, 8 here (one
+    thread, no contention), where the worker spends 100 to 200 µs a message at an HTTP
+    endpoint. The bound logger's share is copying its context, looking up the level's
+    method and checking what the last processor returned, which a configuration known to
+    end in a renderer of text needs none of. Used only while that configuration is
+    structlog's (a test's ``capture_logs`` or the user's own ``structlog.configure``
+    replace it, and the lines go the usual way)."""
+
+    def __init__(self, processors: list[Any], wrapper: Any, factory: Any) -> None:
+        self.configured = (processors, wrapper, factory)
+        self.processors = processors
+        self.logger = factory()
+
+    def current(self) -> bool:
+        """structlog's configuration is still the one ``configure`` made."""
+        config = structlog.get_config()
+        processors, wrapper, factory = self.configured
+        return (
+            config["processors"] is processors
+            and config["wrapper_class"] is wrapper
+            and config["logger_factory"] is factory
+        )
+
+    def info(self, event: dict[str, Any]) -> None:
+        logger, line = self.logger, event
+        try:
+            for processor in self.processors:
+                line = processor(logger, "info", line)
+        except structlog.DropEvent:
+            return
+        logger.info(line)
+
+
+_direct: _DirectLines | None = None  # set by ``configure`` for a level at or below INFO
 
 
 class UtcStamper:
@@ -120,6 +166,7 @@ def _json(event: Mapping[str, Any], **kw: Any) -> str:
         return json.dumps(_plain(event, set()), **kw)
 
 
+@functools.cache  # one per fallback (structlog's renderer passes the same one each line)
 def _never_failing(fallback: Any) -> Any:
     """structlog's fallback for a value JSON has no type for (its repr), but a float's
     subclass (numpy's float64) stays a number, and a repr that raises names the type."""
@@ -220,6 +267,7 @@ class LogObserver(Observer):
     def __init__(self, handler: str, logger: Any = None, *, log_bodies: bool = False) -> None:
         self.handler = handler
         self.log = logger or structlog.get_logger("sqsworker")
+        self._own_logger = logger is None  # lines may go by ``_direct``
         self.log_bodies = log_bodies
         self.max_receive_count: int | None = None
         self._assembled: tuple[tuple[Any, ...], Any] = ((None,) * 4, None)  # see _logger()
@@ -298,7 +346,17 @@ class LogObserver(Observer):
             self.log.info("SQS answers again", was_unanswered_for=f"{seconds:.0f}s")
 
     def handler_succeeded(self, message: Message, duration: float) -> None:
-        # every message's line: no bound logger of its own (the same line, 3 µs less)
+        # Every message's line: through ``configure``'s processors directly while they are
+        # structlog's configuration, else through a logger (not one bound to the message:
+        # the same line, 3 µs less). The fields in the order a logger gives them.
+        direct = _direct
+        if direct is not None and self._own_logger and direct.current():
+            event = message.log_context
+            event["handler"] = self.handler
+            event["duration"] = round(duration, 3)
+            event["event"] = "message processed"
+            direct.info(event)
+            return
         self._logger().info(
             "message processed",
             **message.log_context,

@@ -28,7 +28,7 @@ from sqsworker.transports import BatchResult, Envelope
 from sqsworker.transports.memory import MemorySQS, MemoryTransport
 
 from ..conftest import http_get, wait_until
-from .conftest import sample
+from .conftest import LogStream, sample
 from .helpers import Gate, Rig
 
 
@@ -459,8 +459,49 @@ def test_the_line_of_every_message_follows_structlog_configured_anew(
     observer.handler_succeeded(message, 0.75)  # below the level now: not written
     configure("info", "json")
     observer.handler_succeeded(message, 1.0)
+    # the level alone raised, the processors kept: not written either
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    observer.handler_succeeded(message, 1.25)
     lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
     assert [(line["handler"], line["duration"]) for line in lines] == [("h", 0.25), ("h", 1.0)]
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_the_line_of_every_message_is_the_line_a_bound_logger_writes(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every message's line goes through ``configure``'s processors without a bound logger;
+    it is the line structlog's logger writes, field for field and in its order, with what
+    the handler bound to the context, the group, the trace header and the key."""
+    stream = LogStream()
+    monkeypatch.setattr("sys.stderr", stream)
+    configure("info", fmt)
+    message = Message.build(
+        "{}", MessageGroupId="g-1", AWSTraceHeader="Root=1-5759e988-bd862e3fe1be46a994272793"
+    )
+    message.queue = "orders.fifo"
+    message.idempotency_key = "order-7"
+    direct = LogObserver("app:handle")
+    bound = LogObserver("app:handle", logger=structlog.get_logger("sqsworker"))
+    try:
+        with structlog.contextvars.bound_contextvars(tenant="acme"):
+            direct.handler_succeeded(message, 0.0123)
+            bound.handler_succeeded(message, 0.0123)
+        lines = stream.getvalue().splitlines()
+    finally:
+        structlog.reset_defaults()
+        logging.getLogger().handlers = []
+    assert len(lines) == 2
+    if fmt == "json":
+        first, second = (json.loads(line) for line in lines)
+        assert first.pop("timestamp") <= second.pop("timestamp")
+        assert list(first.items()) == list(second.items())
+        assert first["tenant"] == "acme" and first["group_id"] == "g-1"
+        assert first["idempotency_key"] == "order-7" and first["duration"] == 0.012
+    else:
+        first, second = (line.split(" ", 1)[1] for line in lines)  # after the time
+        assert first == second
+        assert "message processed" in first and "tenant=acme" in first
 
 
 def test_json_lines_carry_an_iso_utc_time_of_microseconds() -> None:
