@@ -68,10 +68,19 @@ class DetachedLease:
 class Message:
     """One SQS message and its lease. Attributes are read-only views of what SQS sent."""
 
-    __slots__ = ("_envelope", "_payload", "idempotency", "idempotency_key", "lease", "queue")
+    __slots__ = (
+        "_envelope",
+        "_payload",
+        "_receive_count",
+        "idempotency",
+        "idempotency_key",
+        "lease",
+        "queue",
+    )
 
     def __init__(self, envelope: Envelope, queue: str = "", lease: Lease | None = None) -> None:
         self._envelope = envelope
+        self._receive_count = envelope.receive_count  # read several times a message
         self.queue = queue
         self.lease: Lease = lease if lease is not None else DetachedLease()
         # Set by the worker when an idempotency store is configured: the derived key, and
@@ -163,7 +172,7 @@ class Message:
 
     @property
     def receive_count(self) -> int:
-        return self._envelope.receive_count
+        return self._receive_count
 
     @property
     def group_id(self) -> str | None:

@@ -383,9 +383,7 @@ class Coroutines(Runner):
         was cut short, so its key's claim is released, never completed, and nothing more
         is reported: the hand-back was."""
         settler = self.settler
-        task = asyncio.current_task()
-        cancelled = isinstance(error, asyncio.CancelledError) or bool(task and task.cancelling())
-        if held.handed_back and cancelled:
+        if held.handed_back and _cancelled(error):
             if settler.idempotency is not None:
                 await self.loop.offload(settler.release_claim, held.message)
             return
@@ -393,6 +391,12 @@ class Coroutines(Runner):
             await self.loop.offload(settler.settle, held, started, error)
         else:
             settler.settle(held, started, error)
+
+
+def _cancelled(error: BaseException | None) -> bool:
+    """The current coroutine was cancelled: it raised the cancellation, or swallowed it."""
+    task = asyncio.current_task()
+    return isinstance(error, asyncio.CancelledError) or bool(task and task.cancelling())
 
 
 def helper_threads(handler: Handler, concurrency: int) -> int:
