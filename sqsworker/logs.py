@@ -105,8 +105,9 @@ class _DirectLines:
     endpoint. The bound logger's share is copying its context, looking up the level's
     method and checking what the last processor returned, which a configuration known to
     end in a renderer of text needs none of. Used only while that configuration is
-    structlog's (a test's ``capture_logs`` or the user's own ``structlog.configure``
-    replace it, and the lines go the usual way)."""
+    structlog's (the user's own ``structlog.configure`` replaces it, and the lines go the
+    usual way; a test's ``capture_logs`` swaps the processors in the same list, which
+    then capture the line as a logger's would)."""
 
     def __init__(self, processors: list[Any], wrapper: Any, factory: Any) -> None:
         self.configured = (processors, wrapper, factory)
@@ -114,13 +115,16 @@ class _DirectLines:
         self.logger = factory()
 
     def current(self) -> bool:
-        """structlog's configuration is still the one ``configure`` made."""
+        """structlog's configuration is still the one ``configure`` made, with a logger's
+        context a plain dict (``configure`` leaves the context class as it finds it: one
+        of the user's may add fields, or keep a thread's)."""
         config = structlog.get_config()
         processors, wrapper, factory = self.configured
         return (
             config["processors"] is processors
             and config["wrapper_class"] is wrapper
             and config["logger_factory"] is factory
+            and config["context_class"] is dict
         )
 
     def info(self, event: dict[str, Any]) -> None:

@@ -46,10 +46,11 @@ class Envelope:
 
     @property
     def receive_count(self) -> int:
-        """SQS's ApproximateReceiveCount: 1 when a server left it out or sent no number."""
+        """SQS's ApproximateReceiveCount: 1 when a server left it out or sent no number
+        (no text at all, a JSON null, say)."""
         try:
             return max(1, int(self.attributes.get("ApproximateReceiveCount", "1")))
-        except ValueError:
+        except (TypeError, ValueError):
             return 1
 
 

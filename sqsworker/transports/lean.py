@@ -38,6 +38,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -95,7 +96,7 @@ class Signer:
         self._lock = threading.Lock()
         # The request time of this second, as SigV4 writes it (datetime's strftime cost
         # 4 µs a request); one tuple, which threads swap whole.
-        self._second: tuple[int, str] = (-1, "")
+        self._second: tuple[int | None, str] = (None, "")
 
     def _key(self, secret: str, day: str) -> bytes:
         key = self._keys.get((secret, day))
@@ -120,7 +121,7 @@ class Signer:
     ) -> dict[str, str]:
         """The request's headers, ``Authorization`` included, signed at ``now`` (seconds
         since the epoch)."""
-        second = int(now)
+        second = math.floor(now)  # the second ``now`` falls in, before 1970 too
         cached = self._second
         if cached[0] != second:
             cached = self._second = (second, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second)))

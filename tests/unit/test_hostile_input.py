@@ -38,7 +38,7 @@ class Reporting:
     body): what a queue without a redrive policy reaches by itself, or another server
     says."""
 
-    def __init__(self, inner: MemoryTransport, counts: dict[str, str]) -> None:
+    def __init__(self, inner: MemoryTransport, counts: dict[str, str | None]) -> None:
         self.inner = inner
         self.counts = counts
 
@@ -72,13 +72,14 @@ def assert_alive(rig: Rig) -> None:
 
 @pytest.mark.parametrize(
     ("count", "shortest"),
-    [("1025", 450.0), (str(2**31), 450.0), ("not a number", 1.0), ("-5", 1.0)],
+    [("1025", 450.0), (str(2**31), 450.0), ("not a number", 1.0), ("-5", 1.0), (None, 1.0)],
 )
 def test_any_receive_count_backs_off_within_the_maximum(
-    memory: MemorySQS, clock: FakeClock, count: str, shortest: float
+    memory: MemorySQS, clock: FakeClock, count: str | None, shortest: float
 ) -> None:
     """A count past 1024 backs off by the longest backoff (900 s, jittered to no less than
-    half); one that is no number reads as 1 (the first backoff, 1-2 s)."""
+    half); one that is no number, or no text (a JSON null from an endpoint), reads as 1
+    (the first backoff, 1-2 s)."""
     attempts: list[int] = []
     delays: list[float] = []
 
