@@ -110,8 +110,7 @@ class _DirectLines:
     then capture the line as a logger's would)."""
 
     def __init__(self, processors: list[Any], wrapper: Any, factory: Any) -> None:
-        self.configured = (processors, wrapper, factory)
-        self.processors = processors
+        self.processors, self.wrapper, self.factory = processors, wrapper, factory
         self.logger = factory()
 
     def current(self) -> bool:
@@ -119,11 +118,10 @@ class _DirectLines:
         context a plain dict (``configure`` leaves the context class as it finds it: one
         of the user's may add fields, or keep a thread's)."""
         config = structlog.get_config()
-        processors, wrapper, factory = self.configured
         return (
-            config["processors"] is processors
-            and config["wrapper_class"] is wrapper
-            and config["logger_factory"] is factory
+            config["processors"] is self.processors
+            and config["wrapper_class"] is self.wrapper
+            and config["logger_factory"] is self.factory
             and config["context_class"] is dict
         )
 
