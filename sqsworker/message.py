@@ -80,7 +80,7 @@ class Message:
 
     def __init__(self, envelope: Envelope, queue: str = "", lease: Lease | None = None) -> None:
         self._envelope = envelope
-        self._receive_count = envelope.receive_count  # read several times a message
+        self._receive_count: int | None = None  # read from the envelope once, when asked
         self.queue = queue
         self.lease: Lease = lease if lease is not None else DetachedLease()
         # Set by the worker when an idempotency store is configured: the derived key, and
@@ -172,7 +172,12 @@ class Message:
 
     @property
     def receive_count(self) -> int:
-        return self._receive_count
+        # Read on the handler's side (three or four times a message), not by the receive
+        # thread that builds the message: its work and its faults stay where they were.
+        count = self._receive_count
+        if count is None:
+            count = self._receive_count = self._envelope.receive_count
+        return count
 
     @property
     def group_id(self) -> str | None:
