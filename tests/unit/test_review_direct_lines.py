@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import structlog
 
+from sqsworker import logs
 from sqsworker.logs import LogObserver, configure
 from sqsworker.message import Message
 
@@ -33,16 +34,12 @@ def _configure(stream: LogStream, monkeypatch: pytest.MonkeyPatch, fmt: str) -> 
     configure("info", fmt)
 
 
-def _pair(stream: LogStream, fmt: str, observer: LogObserver, message: Message) -> None:
-    """The direct line and the same line through a bound logger (forced: _direct off)."""
+def _pair(observer: LogObserver, message: Message, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct line, then the same line through a bound logger (forced: _direct off)."""
     observer.handler_succeeded(message, 0.5)
-    import sqsworker.logs as logs
-
-    saved, logs._direct = getattr(logs, "_direct", None), None
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(logs, "_direct", None)
         observer.handler_succeeded(message, 0.5)
-    finally:
-        logs._direct = saved
 
 
 class Seeded(dict):  # type: ignore[type-arg]
@@ -62,7 +59,7 @@ def test_the_users_context_class_is_honoured(
     structlog.configure(context_class=Seeded)  # the user's, before `sqsworker run` configures
     _configure(stream, monkeypatch, "json")
     observer = LogObserver("app:handle")
-    _pair(stream, "json", observer, Message.build("{}", message_id="m-1"))
+    _pair(observer, Message.build("{}", message_id="m-1"), monkeypatch)
     direct, bound = (json.loads(line) for line in stream.getvalue().splitlines())
     direct.pop("timestamp"), bound.pop("timestamp")
     assert bound["service"] == "billing"
