@@ -73,6 +73,8 @@ THROTTLING_CODES = frozenset(
 )
 QUEUE_MISSING_CODES = frozenset({"QueueDoesNotExist", "NonExistentQueue"})
 # Sender faults in a batch that one bad entry can cause: the batch is split to find it.
+# An entry the answer to its batch call did not name (see ``_batch_result``).
+UNANSWERED = "EntryNotAnswered"
 ENTRY_FAULT_CODES = frozenset(
     {"InvalidParameterValue", "ReceiptHandleIsInvalid", "MessageNotInflight"}
 )
@@ -229,6 +231,13 @@ class SQSTransport:
             kwargs["QueueOwnerAWSAccountId"] = parts[4]
             queue = parts[5]
         response = self._call("GetQueueUrl", self.client.get_queue_url, QueueName=queue, **kwargs)
+        if "QueueUrl" not in response:  # a 200 that is no SQS answer (a proxy's page)
+            raise TransportError(
+                f"GetQueueUrl for {queue!r} was answered without a queue URL: check that "
+                f"{self.client.meta.endpoint_url} is an SQS endpoint",
+                code=UNANSWERED,
+                retryable=True,
+            )
         return str(response["QueueUrl"])
 
     def request(self, action: str, /, attempts: int | None = None, **kwargs: Any) -> Any:
@@ -313,7 +322,7 @@ class SQSTransport:
             QueueUrl=self.info.url,
             Entries=[{"Id": i, "ReceiptHandle": h} for i, h in entries],
         )
-        return _batch_result(response)
+        return _batch_result(response, [i for i, _ in entries])
 
     def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
         check_batch([entry_id for entry_id, _, _ in entries])
@@ -341,7 +350,7 @@ class SQSTransport:
                 result.succeeded += part.succeeded
                 result.failed += part.failed
             return result
-        return _batch_result(response)
+        return _batch_result(response, [i for i, _, _ in entries])
 
     def send_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
         check_batch([str(i) for i in range(len(messages))])
@@ -363,7 +372,7 @@ class SQSTransport:
             QueueUrl=self.info.url,
             Entries=entries,
         )
-        result = _batch_result(response)
+        result = _batch_result(response, [entry["Id"] for entry in entries])
         result.message_ids = {e["Id"]: e["MessageId"] for e in response.get("Successful", [])}
         return result
 
@@ -454,8 +463,13 @@ def _queue_info(url: str, raw: Mapping[str, str]) -> QueueInfo:
     )
 
 
-def _batch_result(response: Mapping[str, Any]) -> BatchResult:
-    return BatchResult(
+def _batch_result(response: Mapping[str, Any], ids: Sequence[str]) -> BatchResult:
+    """A batch call's answer. An entry of ``ids`` it names neither successful nor failed
+    failed (``UNANSWERED``, SQS's fault: tried again), never counted done: botocore reads a
+    200 whose body is no JSON (a captive portal, a broken proxy) as an answer naming no
+    entry, and a renewal, delete or send taken as done then would be a lease lapsing
+    unseen, a message run again, or a message lost."""
+    result = BatchResult(
         succeeded=[e["Id"] for e in response.get("Successful", [])],
         failed=[
             EntryFailure(
@@ -467,3 +481,10 @@ def _batch_result(response: Mapping[str, Any]) -> BatchResult:
             for e in response.get("Failed", [])
         ],
     )
+    named = {*result.succeeded, *(f.id for f in result.failed)}
+    result.failed += [
+        EntryFailure(i, UNANSWERED, "the answer named it neither successful nor failed", False)
+        for i in ids
+        if i not in named
+    ]
+    return result

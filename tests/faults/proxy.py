@@ -36,6 +36,7 @@ class Faults:
     unavailable: float = 0.0  # share answered 503 ServiceUnavailable, not forwarded
     bad_gateway: float = 0.0  # share answered 502 with a load balancer's HTML page
     garbled: float = 0.0  # share answered 200 with an HTML page (a captive portal), not forwarded
+    empty: float = 0.0  # share answered 200 with ``{}``, not forwarded: an answer naming nothing
     # share answered 400 as SQS refuses a queue it does not know: the JSON error's
     # __type and the query protocol's code in the x-amzn-query-error header (which wins)
     query_error: float = 0.0
@@ -137,6 +138,14 @@ class FaultProxy:
             request.send_header("Content-Length", str(len(page)))
             request.end_headers()
             request.wfile.write(page)
+            return None
+        if fault == "empty":
+            self._count(fault)
+            request.send_response_only(200)
+            request.send_header("Content-Type", "application/x-amz-json-1.0")
+            request.send_header("Content-Length", "2")
+            request.end_headers()
+            request.wfile.write(b"{}")
             return None
         if fault == "stall":
             self._count(fault)
@@ -260,6 +269,7 @@ def _pick(faults: Faults, draw: float) -> str:
         "reset",
         "bad_gateway",
         "garbled",
+        "empty",
         "query_error",
     ):
         edge += getattr(faults, fault)

@@ -16,7 +16,7 @@ import pytest
 from sqsworker.errors import CredentialsError, TransportError
 from sqsworker.local import LocalSQS
 from sqsworker.transports import OutgoingMessage
-from sqsworker.transports.sqs import SQSTransport
+from sqsworker.transports.sqs import UNANSWERED, SQSTransport
 
 from ..conftest import unique
 from .proxy import FaultProxy
@@ -192,7 +192,32 @@ def test_a_garbled_answer_is_a_retryable_fault_on_the_lean_client(
     for action, call in CALLS.items():
         assert outcome(lean, call) == ("TransportError", "ConnectionError", True), action
     assert plain.receive(10, 0, 30) == []
-    assert plain.delete_batch([("a", "h")]).succeeded == []
+    deleted = plain.delete_batch([("a", "h")])  # no JSON, so no entry named: not done
+    assert deleted.succeeded == [] and [f.id for f in deleted.failed] == ["a"]
+    assert deleted.failed[0].code == UNANSWERED
+
+
+def test_an_answer_that_names_no_entry_fails_each_entry_alike_on_both_clients(
+    local_sqs: LocalSQS, proxy: FaultProxy
+) -> None:
+    """A 200 that names an entry neither successful nor failed (here ``{}``) leaves that
+    entry failed, SQS's fault (tried again), on both clients: a delete, renewal or send
+    taken as done would run a message again, let its lease lapse unseen, or lose it."""
+    queue = unique("lean-unanswered")
+    local_sqs.create_queue(queue, max_receive_count=None)
+    transports = {c: connect(queue, proxy.url, c) for c in CLIENTS}
+    proxy.set(empty=1.0)
+    for client, transport in transports.items():
+        results = [
+            transport.delete_batch([("a", "h1"), ("b", "h2")]),
+            transport.change_visibility_batch([("a", "h1", 5), ("b", "h2", 5)]),
+            transport.send_batch([OutgoingMessage("one"), OutgoingMessage("two")]),
+        ]
+        for result, ids in zip(results, [["a", "b"], ["a", "b"], ["0", "1"]], strict=True):
+            assert result.succeeded == [] and result.message_ids == {}, client
+            failed = [(f.id, f.code, f.sender_fault, f.lease_lost) for f in result.failed]
+            assert failed == [(i, UNANSWERED, False, False) for i in ids], client
+    assert proxy.injected["empty"] == 3 * len(CLIENTS)
 
 
 def test_both_clients_go_through_the_proxy_the_environment_names(

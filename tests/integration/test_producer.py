@@ -14,6 +14,7 @@ import pytest
 
 import sqsworker
 from sqsworker import ConfigError, Producer, SendError
+from sqsworker.errors import StartupError
 from sqsworker.local import LocalSQS
 from sqsworker.payloads import SIZE_ATTRIBUTE, Payloads, pointer_of
 from sqsworker.transports import Transport
@@ -133,6 +134,31 @@ def test_entries_sqs_fails_are_sent_again_and_those_it_refuses_are_named(
         bodies = drain(transport)
         transport.close()
         assert sorted(bodies) == sorted([f"m{i}" for i in range(40)] + ["ok 1", "ok 2"])
+    finally:
+        proxy.stop()
+
+
+def test_a_send_whose_answer_names_no_entry_is_an_error_never_a_silent_loss(
+    local_env: LocalSQS,
+) -> None:
+    """An endpoint answering 200 without naming the entries (a broken proxy's ``{}``):
+    each is sent again, then named as not sent; none is taken as sent."""
+    proxy = FaultProxy(local_env.endpoint_url, seed=3).start()
+    try:
+        name = queue(local_env, "unanswered")
+        with Producer(name, endpoint_url=proxy.url) as producer:
+            producer.send("first")  # through to moto: the queue's URL looked up
+            proxy.set(empty=1.0)
+            with pytest.raises(SendError) as unsent:
+                producer.send_many(["one", "two"])
+            with pytest.raises(StartupError, match="without a queue URL"):
+                SQSTransport.connect(name, endpoint_url=proxy.url)
+        assert [(i, code) for i, code, _ in unsent.value.failed] == [
+            (0, "EntryNotAnswered"),
+            (1, "EntryNotAnswered"),
+        ]
+        assert unsent.value.message_ids == [None, None]
+        assert proxy.injected["empty"] > 1  # sent again before it gave up
     finally:
         proxy.stop()
 
