@@ -419,7 +419,9 @@ class LeaseMachine:
         extended: list[Entry] = []
         for index, entry in enumerate(batch):
             failure = failures.get(index)
-            if failure is None:  # SQS hides it until then at the latest, lost here or not
+            # SQS hides it until then at the latest, lost here or not; so it may when the
+            # answer did not name the entry (SQS may have acted, as with a lost answer).
+            if failure is None or failure.unanswered:
                 entry.sqs_until = max(entry.sqs_until, now + seconds)
             elif failure.lease_lost:
                 entry.disowned = True  # even if its lease ran out here meanwhile

@@ -24,6 +24,9 @@ LEASE_LOST_CODES = frozenset(
 # value past the 12-hour cap too): the message tells them apart.
 _PARAMETER_CODES = frozenset({"InvalidParameterValue", "InvalidParameterValueException"})
 _GONE_TEXT = re.compile(r"does not exist or is not available|not in ?flight", re.IGNORECASE)
+# An entry a batch call's answer named neither successful nor failed, or an answer
+# without what the call asked for: SQS may or may not have acted.
+UNANSWERED = "EntryNotAnswered"
 MAX_BATCH = 10
 MAX_BATCH_BYTES = 1_048_576  # SendMessageBatch: its messages in all, whatever the queue's limit
 # A MessageGroupId SQS takes, on a FIFO or a standard (fair) queue: 1 to 128 letters,
@@ -111,6 +114,11 @@ class EntryFailure:
         if self.code in LEASE_LOST_CODES:
             return True
         return self.code in _PARAMETER_CODES and bool(_GONE_TEXT.search(self.message))
+
+    @property
+    def unanswered(self) -> bool:
+        """The answer did not name the entry: SQS may have acted on it, or not."""
+        return self.code == UNANSWERED
 
     @property
     def past_cap(self) -> bool:

@@ -36,6 +36,7 @@ from botocore.exceptions import (
 from ..config import MAX_WAIT_TIME, SQS_CLIENTS
 from ..errors import CredentialsError, QueueNotFound, StartupError, TransportError
 from . import (
+    UNANSWERED,
     BatchResult,
     EntryFailure,
     Envelope,
@@ -73,8 +74,6 @@ THROTTLING_CODES = frozenset(
 )
 QUEUE_MISSING_CODES = frozenset({"QueueDoesNotExist", "NonExistentQueue"})
 # Sender faults in a batch that one bad entry can cause: the batch is split to find it.
-# An entry the answer to its batch call did not name (see ``_batch_result``).
-UNANSWERED = "EntryNotAnswered"
 ENTRY_FAULT_CODES = frozenset(
     {"InvalidParameterValue", "ReceiptHandleIsInvalid", "MessageNotInflight"}
 )
@@ -184,12 +183,13 @@ class SQSTransport:
         where = f"{self.client.meta.endpoint_url} (region {self.client.meta.region_name})"
         try:
             url = self._queue_url(queue)
-            raw = self._call(
+            response = self._call(
                 "GetQueueAttributes",
                 self.client.get_queue_attributes,
                 QueueUrl=url,
                 AttributeNames=["All"],
-            )["Attributes"]
+            )
+            raw = self._named(response, "GetQueueAttributes", "Attributes")
         except TransportError as exc:
             if exc.code in QUEUE_MISSING_CODES:
                 raise QueueNotFound(
@@ -231,14 +231,19 @@ class SQSTransport:
             kwargs["QueueOwnerAWSAccountId"] = parts[4]
             queue = parts[5]
         response = self._call("GetQueueUrl", self.client.get_queue_url, QueueName=queue, **kwargs)
-        if "QueueUrl" not in response:  # a 200 that is no SQS answer (a proxy's page)
+        return str(self._named(response, "GetQueueUrl", "QueueUrl"))
+
+    def _named(self, response: Mapping[str, Any], action: str, key: str) -> Any:
+        """``response[key]``; an answer without it (a 200 that is no SQS answer, a proxy's
+        page botocore reads as an empty one) is a passing fault, never a KeyError."""
+        if key not in response:
             raise TransportError(
-                f"GetQueueUrl for {queue!r} was answered without a queue URL: check that "
+                f"{action} was answered without {key}: check that "
                 f"{self.client.meta.endpoint_url} is an SQS endpoint",
                 code=UNANSWERED,
                 retryable=True,
             )
-        return str(response["QueueUrl"])
+        return response[key]
 
     def request(self, action: str, /, attempts: int | None = None, **kwargs: Any) -> Any:
         """Any SQS action by its API name (``"ListQueues"``), retried and translated as the
@@ -382,12 +387,13 @@ class SQSTransport:
             "ApproximateNumberOfMessagesNotVisible",
             "ApproximateNumberOfMessagesDelayed",
         ]
-        raw = self._call(
+        response = self._call(
             "GetQueueAttributes",
             self.client.get_queue_attributes,
             QueueUrl=self.info.url,
             AttributeNames=names,
-        )["Attributes"]
+        )
+        raw = self._named(response, "GetQueueAttributes", "Attributes")
         visible, in_flight, delayed = (int(raw.get(n, 0)) for n in names)
         return QueueCounts(visible, in_flight, delayed)
 

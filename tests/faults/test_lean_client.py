@@ -15,8 +15,8 @@ import pytest
 
 from sqsworker.errors import CredentialsError, TransportError
 from sqsworker.local import LocalSQS
-from sqsworker.transports import OutgoingMessage
-from sqsworker.transports.sqs import UNANSWERED, SQSTransport
+from sqsworker.transports import UNANSWERED, OutgoingMessage
+from sqsworker.transports.sqs import SQSTransport
 
 from ..conftest import unique
 from .proxy import FaultProxy

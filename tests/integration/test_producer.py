@@ -151,7 +151,7 @@ def test_a_send_whose_answer_names_no_entry_is_an_error_never_a_silent_loss(
             proxy.set(empty=1.0)
             with pytest.raises(SendError) as unsent:
                 producer.send_many(["one", "two"])
-            with pytest.raises(StartupError, match="without a queue URL"):
+            with pytest.raises(StartupError, match="GetQueueUrl was answered without QueueUrl"):
                 SQSTransport.connect(name, endpoint_url=proxy.url)
         assert [(i, code) for i, code, _ in unsent.value.failed] == [
             (0, "EntryNotAnswered"),
