@@ -44,6 +44,7 @@ from sqsworker.idempotency import CLAIM_MARGIN
 from sqsworker.stores import Lease, Record
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import (
+    UNANSWERED,
     BatchResult,
     EntryFailure,
     Envelope,
@@ -110,6 +111,11 @@ class Faults:
     store_latency: float = 0.0  # the longest time an idempotency store call takes
     store_error_rate: float = 0.0  # store calls failing (before or after the store acted)
     deny_deletes: bool = False  # every delete refused (AccessDenied: a policy without it)
+    # single entries of a batch the answer leaves unnamed, SQS having acted on them or not
+    unnamed_rate: float = 0.0
+    # (start, end, acted): every batch answered naming no entry (a proxy's page), SQS
+    # having acted on the calls (the proxy forwarded them) or not
+    unnamed_windows: list[tuple[float, float, bool]] = field(default_factory=list)
     on: bool = True
 
     @property
@@ -123,6 +129,8 @@ class Faults:
             or self.store_latency > 0.05
             or self.store_error_rate
             or self.deny_deletes
+            or self.unnamed_rate
+            or self.unnamed_windows
         )
 
 
@@ -245,6 +253,15 @@ def draw(seed: int) -> Schedule:
         store_error_rate=rng.choice([0.0, 0.0, 0.05, 0.2]) if faulty and keyed else 0.0,
         deny_deletes=faulty and rng.random() < 0.1,
     )
+    # Now and then answers that name some entries of a batch call neither successful nor
+    # failed (a proxy's page botocore reads as an empty answer). Drawn apart too.
+    unnamed = random.Random(f"unnamed entries {seed}")
+    if faulty and unnamed.random() < 0.2:
+        faults.unnamed_rate = unnamed.choice([0.05, 0.3])
+    if faulty and unnamed.random() < 0.15:
+        start = unnamed.uniform(0, horizon)
+        end = start + unnamed.uniform(1, 2.5 * visibility)
+        faults.unnamed_windows.append((start, end, unnamed.random() < 0.5))
     workers = rng.choice([1, 1, 2])
     stops = [(rng.uniform(0, horizon), w) for w in range(workers) if rng.random() < 0.4]
     crashes = [
@@ -485,6 +502,20 @@ class SimTransport:
     ) -> BatchResult:
         faults, rng = self.world.faults, self.world.clock.rng
         failing = {e[0] for e in entries if faults.on and rng.random() < faults.entry_rate}
+        # Entries the answer will not name: SQS acted on some of them, not on the others.
+        unnamed = [
+            e[0]
+            for e in entries
+            if faults.on and faults.unnamed_rate and e[0] not in failing
+            if rng.random() < faults.unnamed_rate
+        ]
+        skipped = {entry_id for entry_id in unnamed if rng.random() < 0.5}
+        now = self.world.clock.monotonic() - self.world.start
+        for start, end, acted in faults.unnamed_windows if faults.on else []:
+            if start <= now < end:  # the worker may rightly hold what it cannot settle
+                self.world.last_fault_at = self.world.clock.monotonic()
+                unnamed = [e[0] for e in entries if e[0] not in failing]
+                skipped = set() if acted else set(unnamed)
 
         gone = self.world.gone_handles
         for entry in entries:
@@ -492,7 +523,7 @@ class SimTransport:
                 self.world.violation(f"{action} again for a receipt handle SQS said was gone")
 
         def act() -> BatchResult:
-            passed = [e for e in entries if e[0] not in failing]
+            passed = [e for e in entries if e[0] not in failing and e[0] not in skipped]
             if action == "ChangeMessageVisibilityBatch":  # applied, its answer lost or not
                 now = self.world.clock.monotonic()
                 for _, handle, seconds in passed:
@@ -509,6 +540,10 @@ class SimTransport:
             result = send(passed) if passed else BatchResult()
             for entry_id in sorted(failing):
                 result.failed.append(EntryFailure(entry_id, "InternalError", "try again", False))
+            if unnamed:
+                result.succeeded = [i for i in result.succeeded if i not in unnamed]
+                result.failed = [f for f in result.failed if f.id not in unnamed]
+                result.failed += [EntryFailure(i, UNANSWERED, "not named", False) for i in unnamed]
             return result
 
         result: BatchResult = self._call(action, act)
