@@ -196,7 +196,17 @@ def test_fifo_groups_keep_their_order_with_coroutines(memory: MemorySQS, clock: 
         await asyncio.sleep(0.001 * (5 - int(n) % 5))  # later ones would finish first
         order.append((group, int(n)))
 
-    rig = Rig(memory, clock, handler, queue="jobs.fifo", dead_letter=False, concurrency=20)
+    # Leases longer than the fake clock's whole run: a loop held up by a loaded machine
+    # while the clock moves on must not see a lease lapse (a lapsed one runs again).
+    rig = Rig(
+        memory,
+        clock,
+        handler,
+        queue="jobs.fifo",
+        dead_letter=False,
+        concurrency=20,
+        visibility_timeout=600,
+    )
     send_all(
         rig.queue,
         [
