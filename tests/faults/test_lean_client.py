@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sqsworker.errors import CredentialsError, TransportError
+from sqsworker.errors import CredentialsError, StartupError, TransportError
 from sqsworker.local import LocalSQS
 from sqsworker.transports import UNANSWERED, OutgoingMessage
 from sqsworker.transports.sqs import SQSTransport
@@ -293,3 +293,33 @@ def test_a_reopened_transport_is_lean_from_its_first_call_without_a_request_of_i
         unsigned.receive(10, 0, 30)
     assert seen == ["AmazonSQS.ReceiveMessage"]
     unsigned.close()
+
+
+# Found by review: the calls around the batches, answered with nothing.
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_queue_opened_by_url_through_an_answer_naming_nothing_is_one_clear_error(
+    local_sqs: LocalSQS, proxy: FaultProxy, client: str
+) -> None:
+    """By name, a GetQueueUrl answered ``{}`` is now a StartupError (75461ab). By URL
+    there is no GetQueueUrl: the GetQueueAttributes answered ``{}`` must be the same
+    clear error, not a KeyError out of ``connect``."""
+    url = local_sqs.create_queue(unique("review-32c-url"), max_receive_count=None)
+    proxy.set(empty=1.0)
+    with pytest.raises(StartupError):
+        SQSTransport.connect(url, endpoint_url=proxy.url, attempts=1, sqs_client=client)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_counts_answered_with_nothing_are_a_transport_error(
+    local_sqs: LocalSQS, proxy: FaultProxy, client: str
+) -> None:
+    """``counts()`` answered ``{}``: a TransportError (what its callers catch: the burst
+    receive thread, redrive, the Spark source), not a KeyError."""
+    name = unique("review-32c-counts")
+    local_sqs.create_queue(name, max_receive_count=None)
+    transport = SQSTransport.connect(name, endpoint_url=proxy.url, attempts=1, sqs_client=client)
+    proxy.set(empty=1.0)
+    with pytest.raises(TransportError):
+        transport.counts()
