@@ -9,10 +9,11 @@ beyond them.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
-from .world import simulate
+from .world import Schedule, World, draw, run_world, simulate
 
 SEEDS = 200
 CHUNK = 20  # seeds a test: each test stays far inside the suite's per-test timeout
@@ -42,7 +43,17 @@ def test_random_schedules_keep_every_invariant(first: int) -> None:
 FOUND = [309, 1023, 1415, 2271, 37044232, 96649501]
 
 
+def as_found(seed: int) -> Schedule:
+    """``seed``'s schedule as it broke an invariant: without the faults drawn since
+    (answers naming no entry), which would make it replay another run."""
+    schedule = draw(seed)
+    faults = replace(schedule.faults, unnamed_rate=0.0, unnamed_windows=[])
+    return replace(schedule, faults=faults)
+
+
 @pytest.mark.parametrize("seed", FOUND)
 def test_schedules_that_once_broke_an_invariant_keep_every_invariant(seed: int) -> None:
-    schedule, violations = simulate(seed)
+    world = World(as_found(seed))
+    run_world(world)
+    violations, schedule = world.violations, world.schedule
     assert not violations, f"seed {seed}: {violations[0]}\n  {schedule.describe()}"

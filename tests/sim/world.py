@@ -514,7 +514,8 @@ class SimTransport:
         for start, end, acted in faults.unnamed_windows if faults.on else []:
             if start <= now < end:  # the worker may rightly hold what it cannot settle
                 self.world.last_fault_at = self.world.clock.monotonic()
-                unnamed = [e[0] for e in entries if e[0] not in failing]
+                # A page names no entry, not even one SQS refused (those stay undone).
+                unnamed = [e[0] for e in entries]
                 skipped = set() if acted else set(unnamed)
 
         gone = self.world.gone_handles
