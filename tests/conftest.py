@@ -24,13 +24,20 @@ FAULT_REPORT = "fault injection"
 FAULT_REPORTS: list[str] = []
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    """Wait on state: return once ``predicate()`` holds; fail the test after ``timeout``."""
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float = 15.0,
+    what: str | Callable[[], str] = "",
+) -> None:
+    """Wait on state: return once ``predicate()`` holds; fail the test after ``timeout``.
+    ``what`` names what was awaited (a callable: read when the wait fails, so it can tell
+    the state then)."""
     deadline = time.monotonic() + timeout
     event = threading.Event()
     while not predicate():
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what or predicate}")
+            told = what() if callable(what) else what
+            pytest.fail(f"timed out waiting for {told or predicate}")
         event.wait(0.005)
 
 

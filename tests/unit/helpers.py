@@ -91,7 +91,8 @@ class Rig:
 
     def wait_for(self, key: str, n: int) -> None:
         wait_until(
-            lambda: self.count(key) >= n, what=f"{key} >= {n} (have {dict(self.tally.counts)})"
+            lambda: self.count(key) >= n,
+            what=lambda: f"{key} >= {n} (have {dict(self.tally.counts)})",  # at the failure
         )
 
     def advance_until(
