@@ -268,6 +268,12 @@ class SQSTransport:
                     raise error from exc
                 if attempt >= attempts:
                     raise error from exc
+            except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
+                # botocore's parser on a 200 of JSON in no shape SQS answers with
+                error = unreadable(action, repr(exc))
+                self.request_errors[action, UNANSWERED] += 1
+                if attempt >= attempts:
+                    raise error from exc
             delay = min(RETRY_FIRST * 2 ** (attempt - 1), RETRY_MOST) + random.uniform(
                 0, RETRY_JITTER
             )
@@ -308,16 +314,20 @@ class SQSTransport:
         response = self._call(
             "ReceiveMessage", self._hot("ReceiveMessage", self.client.receive_message), 1, **kwargs
         )
-        return [
-            Envelope(
-                message_id=m["MessageId"],
-                receipt_handle=m["ReceiptHandle"],
-                body=m.get("Body", ""),
-                attributes=dict(m.get("Attributes", {})),
-                message_attributes=dict(m.get("MessageAttributes", {})),
-            )
-            for m in response.get("Messages", [])
-        ]
+        try:
+            return [
+                Envelope(
+                    message_id=m["MessageId"],
+                    receipt_handle=m["ReceiptHandle"],
+                    body=m.get("Body", ""),
+                    attributes=dict(m.get("Attributes", {})),
+                    message_attributes=dict(m.get("MessageAttributes", {})),
+                )
+                for m in response.get("Messages", [])
+            ]
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:
+            # Its messages stay hidden for the visibility timeout, then come back.
+            raise unreadable("ReceiveMessage", repr(exc)) from None
 
     def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
         check_batch([entry_id for entry_id, _ in entries])
@@ -327,7 +337,7 @@ class SQSTransport:
             QueueUrl=self.info.url,
             Entries=[{"Id": i, "ReceiptHandle": h} for i, h in entries],
         )
-        return _batch_result(response, [i for i, _ in entries])
+        return _batch_result("DeleteMessageBatch", response, [i for i, _ in entries])
 
     def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
         check_batch([entry_id for entry_id, _, _ in entries])
@@ -355,7 +365,7 @@ class SQSTransport:
                 result.succeeded += part.succeeded
                 result.failed += part.failed
             return result
-        return _batch_result(response, [i for i, _, _ in entries])
+        return _batch_result("ChangeMessageVisibilityBatch", response, [i for i, _, _ in entries])
 
     def send_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
         check_batch([str(i) for i in range(len(messages))])
@@ -377,9 +387,8 @@ class SQSTransport:
             QueueUrl=self.info.url,
             Entries=entries,
         )
-        result = _batch_result(response, [entry["Id"] for entry in entries])
-        result.message_ids = {e["Id"]: e["MessageId"] for e in response.get("Successful", [])}
-        return result
+        ids = [entry["Id"] for entry in entries]
+        return _batch_result("SendMessageBatch", response, ids, sends=True)
 
     def counts(self) -> QueueCounts:
         names = [
@@ -469,28 +478,68 @@ def _queue_info(url: str, raw: Mapping[str, str]) -> QueueInfo:
     )
 
 
-def _batch_result(response: Mapping[str, Any], ids: Sequence[str]) -> BatchResult:
-    """A batch call's answer. An entry of ``ids`` it names neither successful nor failed
-    failed (``UNANSWERED``, SQS's fault: tried again), never counted done: botocore reads a
-    200 whose body is no JSON (a captive portal, a broken proxy) as an answer naming no
-    entry, and a renewal, delete or send taken as done then would be a lease lapsing
-    unseen, a message run again, or a message lost."""
-    result = BatchResult(
-        succeeded=[e["Id"] for e in response.get("Successful", [])],
-        failed=[
-            EntryFailure(
-                id=e["Id"],
-                code=error_code(e.get("Code")),
-                message=e.get("Message", ""),
-                sender_fault=bool(e.get("SenderFault", False)),
-            )
-            for e in response.get("Failed", [])
-        ],
+def unreadable(action: str, detail: str) -> TransportError:
+    """An answer in no shape SQS gives (a proxy's or a stub's): SQS may have acted or not,
+    as when the answer is lost; tried again."""
+    return TransportError(
+        f"{action} was answered with what SQS never answers ({detail[:200]}): check that "
+        "the endpoint is SQS",
+        code=UNANSWERED,
+        retryable=True,
     )
-    named = {*result.succeeded, *(f.id for f in result.failed)}
-    result.failed += [
-        EntryFailure(i, UNANSWERED, "the answer named it neither successful nor failed", False)
-        for i in ids
-        if i not in named
-    ]
+
+
+def _batch_result(
+    action: str, response: Mapping[str, Any], ids: Sequence[str], sends: bool = False
+) -> BatchResult:
+    """A batch call's answer, over the entries of ``ids`` alone. One it names neither
+    successful nor failed, or both, or (``sends``) successful without a MessageId failed
+    (``UNANSWERED``, SQS's fault: tried again), never counted done: botocore reads a 200
+    whose body is no JSON (a captive portal, a broken proxy) as an answer naming no entry,
+    and a renewal, delete or send taken as done then would be a lease lapsing unseen, a
+    message run again, or a message lost. Entries of no id of the call, and an id named
+    again, are not read: the callers find each entry by its id. An entry that is no object
+    with a text Id (botocore's parser fails on some such) fails the call (``unreadable``)."""
+    asked = set(ids)
+    succeeded: dict[str, Mapping[str, Any]] = {}
+    unsure: dict[str, str] = {}  # id -> why it counts as not answered
+    for entry in _entries(action, response, "Successful", asked):
+        if sends and not isinstance(entry.get("MessageId"), str):
+            unsure.setdefault(entry["Id"], "the answer named it sent without a MessageId")
+        else:
+            succeeded.setdefault(entry["Id"], entry)
+    failed: dict[str, EntryFailure] = {}
+    for entry in _entries(action, response, "Failed", asked):
+        failed.setdefault(
+            entry["Id"],
+            EntryFailure(
+                id=entry["Id"],
+                code=error_code(entry.get("Code")),
+                message=str(entry.get("Message", "")),
+                sender_fault=entry.get("SenderFault") is True,
+            ),
+        )
+    for entry_id in failed.keys() & (succeeded.keys() | unsure.keys()):
+        succeeded.pop(entry_id, None)  # which one holds is not known
+        del failed[entry_id]
+        unsure[entry_id] = "the answer named it both successful and failed"
+    for entry_id in ids:
+        if entry_id not in succeeded and entry_id not in failed:
+            unsure.setdefault(entry_id, "the answer named it neither successful nor failed")
+    result = BatchResult(succeeded=list(succeeded), failed=list(failed.values()))
+    result.failed += [EntryFailure(i, UNANSWERED, why, False) for i, why in unsure.items()]
+    if sends:
+        result.message_ids = {i: e["MessageId"] for i, e in succeeded.items()}
     return result
+
+
+def _entries(
+    action: str, response: Mapping[str, Any], key: str, ids: set[str]
+) -> list[Mapping[str, Any]]:
+    """The answer's entries under ``key`` that name one of ``ids``."""
+    entries = response.get(key, [])
+    if not isinstance(entries, list) or not all(
+        isinstance(e, Mapping) and isinstance(e.get("Id"), str) for e in entries
+    ):
+        raise unreadable(action, f"{key}: {entries!r}")
+    return [e for e in entries if e["Id"] in ids]

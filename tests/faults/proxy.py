@@ -37,6 +37,11 @@ class Faults:
     bad_gateway: float = 0.0  # share answered 502 with a load balancer's HTML page
     garbled: float = 0.0  # share answered 200 with an HTML page (a captive portal), not forwarded
     empty: float = 0.0  # share answered 200 with ``{}``, not forwarded: an answer naming nothing
+    # Batch calls: forwarded, and the upstream's answer made odd (``_oddly``): its first
+    # successful entry named twice and failed too, entries of ids the call has not; and
+    # ``malformed``, entries in no shape SQS gives (no object; an Id that is no text).
+    odd: bool = False
+    malformed: bool = False
     # share answered 400 as SQS refuses a queue it does not know: the JSON error's
     # __type and the query protocol's code in the x-amzn-query-error header (which wins)
     query_error: float = 0.0
@@ -161,6 +166,10 @@ class FaultProxy:
             status, headers, answer = self._forward(request, body)
         if failed and status == 200:
             answer = _add_failed(answer, failed)
+        batch = "Batch" in request.headers.get("X-Amz-Target", "")
+        if (faults.odd or faults.malformed) and status == 200 and batch:
+            self._count("malformed" if faults.malformed else "odd")
+            answer = _oddly(answer, faults.malformed)
         if self.watch is not None:
             self.watch(request.headers.get("X-Amz-Target", ""), body, status, answer)
         if fault == "reset":  # the upstream acted; its answer never arrives
@@ -243,6 +252,22 @@ class _Server(ThreadingHTTPServer):
 def _add_failed(answer: bytes, failed: list[dict[str, Any]]) -> bytes:
     result = json.loads(answer)
     result["Failed"] = [*result.get("Failed", []), *failed]
+    return json.dumps(result).encode()
+
+
+def _oddly(answer: bytes, malformed: bool) -> bytes:
+    """A batch answer no endpoint should give, built on a real one."""
+    result = json.loads(answer)
+    successful = result.setdefault("Successful", [])
+    if malformed:
+        successful += ["not an entry", {"Id": ["0"]}]
+    elif successful:
+        first = successful[0]
+        successful.append(dict(first))  # named twice
+        failed = {"Id": first["Id"], "Code": "InternalError", "SenderFault": False}
+        result.setdefault("Failed", []).append(failed)  # and failed too
+    successful.append({"Id": "99", "MessageId": "m-99"})
+    result.setdefault("Failed", []).append({"Id": "98", "Code": "InternalError"})
     return json.dumps(result).encode()
 
 

@@ -220,6 +220,57 @@ def test_an_answer_that_names_no_entry_fails_each_entry_alike_on_both_clients(
     assert proxy.injected["empty"] == 3 * len(CLIENTS)
 
 
+def test_an_odd_batch_answer_is_read_for_the_call_s_own_entries_on_both_clients(
+    local_sqs: LocalSQS, proxy: FaultProxy
+) -> None:
+    """An answer naming an entry the call did not make, one entry twice, or both
+    successful and failed, or holding entries that are no object: the entries of other
+    ids are not read (a producer indexing its batch by them raised IndexError), and one
+    named both ways may have been acted on or not, so it fails as not answered (tried
+    again), never counted done."""
+    queue = unique("lean-odd")
+    local_sqs.create_queue(queue, max_receive_count=None)
+    for client in CLIENTS:
+        transport = connect(queue, proxy.url, client)
+        proxy.set(odd=True)
+        sent = transport.send_batch([OutgoingMessage("one"), OutgoingMessage("two")])
+        assert sent.succeeded == ["1"] and list(sent.message_ids) == ["1"], client
+        assert [(f.id, f.code) for f in sent.failed] == [("0", UNANSWERED)], client
+        proxy.set()
+        held = transport.receive(10, 1, 30)
+        assert sorted(m.body for m in held) == ["one", "two"], client  # both went
+        proxy.set(odd=True)
+        entries = [(str(i), m.receipt_handle) for i, m in enumerate(held)]
+        renewed = transport.change_visibility_batch([(i, h, 30) for i, h in entries])
+        deleted = transport.delete_batch(entries)
+        for result in (renewed, deleted):
+            assert result.succeeded == ["1"], client
+            assert [(f.id, f.code, f.sender_fault) for f in result.failed] == [
+                ("0", UNANSWERED, False)
+            ], client
+        proxy.set()
+        transport.delete_batch(entries[:1])  # the one not counted done, tried again
+        assert transport.counts().total == 0, client
+    assert proxy.injected["odd"] == 3 * len(CLIENTS)
+
+
+def test_a_batch_answer_in_no_shape_sqs_gives_is_a_retryable_fault_on_both_clients(
+    local_sqs: LocalSQS, proxy: FaultProxy
+) -> None:
+    """A batch answer holding entries that are no object, or an Id that is no text:
+    botocore's parser raised AttributeError (out of the producer, to the user's code);
+    now, on both clients, the call fails as not answered (SQS may have acted), retried."""
+    queue = unique("lean-malformed")
+    local_sqs.create_queue(queue, max_receive_count=None)
+    proxy.set(malformed=True)
+    for client in CLIENTS:
+        transport = connect(queue, proxy.url, client)
+        for action, call in CALLS.items():
+            if action != "ReceiveMessage":
+                assert outcome(transport, call) == ("TransportError", UNANSWERED, True), action
+    assert proxy.injected["malformed"] == 3 * len(CLIENTS)
+
+
 def test_both_clients_go_through_the_proxy_the_environment_names(
     local_sqs: LocalSQS, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -163,6 +163,29 @@ def test_a_send_whose_answer_names_no_entry_is_an_error_never_a_silent_loss(
         proxy.stop()
 
 
+def test_a_send_answered_with_ids_it_never_made_names_only_its_own_messages(
+    local_env: LocalSQS,
+) -> None:
+    """An answer naming an entry the batch never had, and its first entry both sent and
+    failed (a broken proxy's or a stub's): the producer raised IndexError from indexing
+    its batch by the stranger's id. Now the stranger is not read, and the first message,
+    maybe sent, is sent again until the producer gives up and names it; none is taken
+    as sent on an answer that does not say so."""
+    proxy = FaultProxy(local_env.endpoint_url, seed=3).start()
+    try:
+        name = queue(local_env, "odd")
+        with Producer(name, endpoint_url=proxy.url) as producer:
+            proxy.set(odd=True)
+            with pytest.raises(SendError) as unsent:
+                producer.send_many(["one", "two"])
+        assert [(i, code) for i, code, _ in unsent.value.failed] == [(0, "EntryNotAnswered")]
+        first, second = unsent.value.message_ids
+        assert first is None and second is not None
+        assert proxy.injected["odd"] > 1  # sent again before it gave up
+    finally:
+        proxy.stop()
+
+
 def test_a_handler_sends_to_its_own_queue(local_env: LocalSQS) -> None:
     name = queue(local_env, "emails")
 

@@ -485,7 +485,9 @@ class AppliedUnnamed(MemoryTransport):
 
     def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
         super().change_visibility_batch(entries)
-        return _batch_result({}, [entry_id for entry_id, _, _ in entries])
+        return _batch_result(
+            "ChangeMessageVisibilityBatch", {}, [entry_id for entry_id, _, _ in entries]
+        )
 
 
 @pytest.mark.parametrize("lossy_kind", [LostAnswers, AppliedUnnamed])
