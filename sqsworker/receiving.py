@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from .errors import TransportError
 from .health import Progress
-from .transports import MAX_BATCH
+from .transports import MAX_BATCH, UNANSWERED
 
 if TYPE_CHECKING:
     from .clock import Clock
@@ -194,6 +194,8 @@ class Receiver:
         progress.step(wait + self.config.stall_timeout)
         try:
             envelopes = transport.receive(asked, wait, self.config.visibility_timeout, attempt_id)
+            if not envelopes and wait > 0:
+                _check_waited(self.clock.monotonic() - began, wait)
         except Exception as exc:  # the loop outlives every error; what it got is safe
             self._failed(index, began, attempt_id, exc)
             return True
@@ -377,6 +379,21 @@ class Receiver:
         except TransportError as exc:
             self.observer.request_failed("GetQueueAttributes", exc)
             return False
+
+
+def _check_waited(waited: float, wait: int) -> None:
+    """SQS answers a long poll with nothing only once it has waited it out. An empty
+    answer well before that is none of SQS's (a proxy's page, which botocore reads as an
+    empty answer, or a stub's ``{}``): it fails as a receive does (the receives pause,
+    longer each time, and a FIFO receive's attempt id is used again). Taken as empty, it
+    had the receive threads ask again at once, as fast as the endpoint answered."""
+    if waited < wait / 2:
+        raise TransportError(
+            f"ReceiveMessage came back empty after {waited:.2f} s of a {wait} s long poll, "
+            "which SQS never does: check that the endpoint is SQS",
+            code=UNANSWERED,
+            retryable=True,
+        )
 
 
 class Pace:

@@ -479,6 +479,17 @@ class SimTransport:
             raise TransportError(
                 "ReceiveMessage: read timeout", code="ConnectionError", retryable=True
             )
+        page = self._page()
+        if page is not None:  # a proxy's page, read as an empty answer, back at once or not
+            self.world.last_fault_at = clock.monotonic()
+            clock.sleep(self._latency())
+            if page:  # the proxy forwarded it: SQS long-polled and hid what it returned
+                for envelope in self.inner.receive(
+                    max_messages, wait_seconds, visibility_timeout, attempt_id
+                ):
+                    self.world.trouble[_envelope_number(envelope)].add("answer lost")
+                self.world.last_fault_at = clock.monotonic()
+            return []
         got: list[Envelope] = self._call(
             "ReceiveMessage",
             lambda: self.inner.receive(max_messages, wait_seconds, visibility_timeout, attempt_id),
@@ -497,6 +508,16 @@ class SimTransport:
             for e in got
         ]
 
+    def _page(self) -> bool | None:
+        """Inside a window of a proxy's pages: whether it forwarded the calls to SQS (True)
+        or not (False); None outside every window."""
+        faults = self.world.faults
+        now = self.world.clock.monotonic() - self.world.start
+        for start, end, acted in faults.unnamed_windows if faults.on else []:
+            if start <= now < end:
+                return acted
+        return None
+
     def _batch(
         self, action: str, entries: Sequence[Any], send: Callable[[Sequence[Any]], BatchResult]
     ) -> BatchResult:
@@ -510,13 +531,12 @@ class SimTransport:
             if rng.random() < faults.unnamed_rate
         ]
         skipped = {entry_id for entry_id in unnamed if rng.random() < 0.5}
-        now = self.world.clock.monotonic() - self.world.start
-        for start, end, acted in faults.unnamed_windows if faults.on else []:
-            if start <= now < end:  # the worker may rightly hold what it cannot settle
-                self.world.last_fault_at = self.world.clock.monotonic()
-                # A page names no entry, not even one SQS refused (those stay undone).
-                unnamed = [e[0] for e in entries]
-                skipped = set() if acted else set(unnamed)
+        acted = self._page()
+        if acted is not None:  # the worker may rightly hold what it cannot settle
+            self.world.last_fault_at = self.world.clock.monotonic()
+            # A page names no entry, not even one SQS refused (those stay undone).
+            unnamed = [e[0] for e in entries]
+            skipped = set() if acted else set(unnamed)
 
         gone = self.world.gone_handles
         for entry in entries:

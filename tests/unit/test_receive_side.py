@@ -207,6 +207,46 @@ def test_after_a_failed_receive_no_receive_starts_before_the_pause_ends(
     assert rig.stop() == 0
 
 
+class EmptyAtOnce(Watched):
+    """Answers every receive at once with nothing: a proxy's page that botocore reads as
+    an empty answer, or a stub's ``{}``."""
+
+    def receive(
+        self, max_messages: int, wait_seconds: int, visibility: int, attempt_id: Any = None
+    ) -> list[Envelope]:
+        with self.lock:
+            self.began.append(self.service.clock.monotonic())
+        return []
+
+
+def test_a_long_poll_answered_at_once_with_nothing_pauses_the_receives_as_a_failure(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    """SQS answers a long poll with nothing only once it waited it out: one back empty at
+    once is no answer of SQS's. Taken as empty, the receive threads asked again at once,
+    as fast as the endpoint answered; failed, the receives pause, longer each time."""
+    memory.create_queue_with_dlq("jobs", 3)
+    transport = EmptyAtOnce(memory, "jobs")
+    rig = Rig(
+        memory, clock, lambda m: None, transport=transport, wait_time=20, visibility_timeout=30
+    )
+    receiver = rig.worker.receiver
+    rig.worker.start()
+    rig.wait_for("receive_failures", 1)
+
+    def all_asleep() -> bool:
+        with rig.worker.inbox.lock:
+            return len(receiver._idle) == rig.worker.pollers and not receiver._woken
+
+    wait_until(all_asleep, what="every receive thread waiting out the pause")
+    assert len(transport.began) == 1 and rig.count("empty_receives") == 0
+    rig.advance_until(lambda: len(transport.began) >= 3, step=0.25)
+    first, second, third = transport.began[:3]
+    assert second >= first + 1.0 and third >= second + 2.0  # paused, longer each time
+    assert rig.count("empty_receives") == 0
+    assert rig.stop() == 0
+
+
 class Awaited(Observer):
     def __init__(self) -> None:
         self.seen: list[tuple[int, float]] = []
