@@ -314,20 +314,20 @@ class SQSTransport:
         response = self._call(
             "ReceiveMessage", self._hot("ReceiveMessage", self.client.receive_message), 1, **kwargs
         )
-        try:
-            return [
-                Envelope(
-                    message_id=m["MessageId"],
-                    receipt_handle=m["ReceiptHandle"],
-                    body=m.get("Body", ""),
-                    attributes=dict(m.get("Attributes", {})),
-                    message_attributes=dict(m.get("MessageAttributes", {})),
-                )
-                for m in response.get("Messages", [])
-            ]
-        except (AttributeError, TypeError, KeyError, ValueError) as exc:
-            # Its messages stay hidden for the visibility timeout, then come back.
-            raise unreadable("ReceiveMessage", repr(exc)) from None
+        messages = response.get("Messages", [])
+        if not isinstance(messages, list) or not all(map(_a_message, messages)):
+            # What it returned stays hidden for the visibility timeout, then comes back.
+            raise unreadable("ReceiveMessage", f"Messages: {messages!r}")
+        return [
+            Envelope(
+                message_id=m["MessageId"],
+                receipt_handle=m["ReceiptHandle"],
+                body=m.get("Body", ""),
+                attributes=dict(m.get("Attributes", {})),
+                message_attributes=dict(m.get("MessageAttributes", {})),
+            )
+            for m in messages
+        ]
 
     def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
         check_batch([entry_id for entry_id, _ in entries])
@@ -478,6 +478,19 @@ def _queue_info(url: str, raw: Mapping[str, str]) -> QueueInfo:
     )
 
 
+def _a_message(m: object) -> bool:
+    """Whether ``m`` is a message as SQS answers one (the lean client hands on the JSON
+    as it came: a null is None there, where botocore leaves the key out)."""
+    return (
+        isinstance(m, Mapping)
+        and isinstance(m.get("MessageId"), str)
+        and isinstance(m.get("ReceiptHandle"), str)
+        and isinstance(m.get("Body", ""), str)
+        and isinstance(m.get("Attributes", {}), Mapping)
+        and isinstance(m.get("MessageAttributes", {}), Mapping)
+    )
+
+
 def unreadable(action: str, detail: str) -> TransportError:
     """An answer in no shape SQS gives (a proxy's or a stub's): SQS may have acted or not,
     as when the answer is lost; tried again."""
@@ -504,10 +517,12 @@ def _batch_result(
     succeeded: dict[str, Mapping[str, Any]] = {}
     unsure: dict[str, str] = {}  # id -> why it counts as not answered
     for entry in _entries(action, response, "Successful", asked):
+        if entry["Id"] in succeeded or entry["Id"] in unsure:
+            continue  # named again: its first naming counts
         if sends and not isinstance(entry.get("MessageId"), str):
-            unsure.setdefault(entry["Id"], "the answer named it sent without a MessageId")
+            unsure[entry["Id"]] = "the answer named it sent without a MessageId"
         else:
-            succeeded.setdefault(entry["Id"], entry)
+            succeeded[entry["Id"]] = entry
     failed: dict[str, EntryFailure] = {}
     for entry in _entries(action, response, "Failed", asked):
         failed.setdefault(
