@@ -30,7 +30,7 @@ from typing import Any
 from . import tracing
 from .errors import ConfigError, TransportError
 from .payloads import Payloads
-from .transports import GROUP_ID, OutgoingMessage, Transport, send_batches
+from .transports import GROUP_ID, UNANSWERED, OutgoingMessage, Transport, send_batches
 
 MAX_DELAY = 900  # SQS: DelaySeconds
 ATTEMPTS = 3  # sends of an entry SQS failed for a passing reason, at most
@@ -51,7 +51,9 @@ REFUSED = frozenset(
 class SendError(TransportError):
     """Some messages were not sent: ``failed`` names each (its index among the bodies
     given, SQS's code and text); ``message_ids`` has the id of each one that was (None for
-    those that were not)."""
+    those that were not). One whose code is ``EntryNotAnswered`` SQS did not confirm
+    either way (an answer that did not name it, or one in no shape SQS gives): it may have
+    been sent, and sending it again may send a copy."""
 
     def __init__(
         self, message: str, failed: list[tuple[int, str, str]], message_ids: list[str | None]
@@ -196,8 +198,10 @@ class Producer:
         if failed:
             names = ", ".join(f"{i} ({code}: {text})" for i, code, text in failed[:5])
             more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+            unsure = any(code == UNANSWERED for _, code, _ in failed)
+            what = "not sent, or not confirmed sent," if unsure else "not sent"
             raise SendError(
-                f"{len(failed)} of {len(messages)} messages were not sent to {info.name}: "
+                f"{len(failed)} of {len(messages)} messages were {what} to {info.name}: "
                 f"message {names}{more}",
                 failed,
                 ids,

@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..exits import EXIT_USAGE, Signals, fail
 from ..operate import Queues
 from ..producer import Producer, SendError
-from ..transports import Envelope, QueueInfo
+from ..transports import UNANSWERED, Envelope, QueueInfo
 
 PROGRESS_FROM = 100  # messages: fewer are sent or moved without a progress bar
 BODY_SHOWN = 300  # characters of a body that peek shows
@@ -80,7 +80,9 @@ def send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     if offloaded:
         console.print(f"put {offloaded} of {len(messages)} bodies in s3://{args.payload_bucket}")
     for index, code, text in failed[:SHOWN_FAILURES]:
-        console.print(f"message {index + 1} was not sent: {code}: {text}")
+        # SQS did not say either way: it may be in the queue, and sending it again may copy it
+        verdict = "may not have been sent" if code == UNANSWERED else "was not sent"
+        console.print(f"message {index + 1} {verdict}: {code}: {text}")
     if len(failed) > SHOWN_FAILURES:
         console.print(f"... and {len(failed) - SHOWN_FAILURES} more not sent")
     console.print(f"sent {_messages(sent)} to {queue.info.name}", end="")

@@ -191,6 +191,35 @@ def test_send_reports_each_refused_entry_by_its_place_and_exits_1(
     ]
 
 
+def test_send_says_an_entry_sqs_never_confirmed_may_not_have_been_sent(
+    sqs: Stubber, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry the answers never named, after the producer's retries: SQS may have sent
+    it, so "was not sent" would be a claim nobody can make (and send it again, a copy)."""
+    monkeypatch.setattr("sqsworker.producer.time.sleep", lambda seconds: None)
+    expect_open(sqs, URL, ARN)
+    sqs.add_response(
+        "send_message_batch",
+        {"Successful": [{"Id": "0", "MessageId": "m-0", "MD5OfMessageBody": "x"}], "Failed": []},
+        {
+            "QueueUrl": URL,
+            "Entries": [{"Id": "0", "MessageBody": "a"}, {"Id": "1", "MessageBody": "b"}],
+        },
+    )
+    for _ in range(2):  # sent again: each answer names it neither sent nor failed
+        sqs.add_response(
+            "send_message_batch",
+            {"Successful": [], "Failed": []},
+            {"QueueUrl": URL, "Entries": [{"Id": "0", "MessageBody": "b"}]},
+        )
+    assert main(["send", URL, "a", "b"]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "message 2 may not have been sent: EntryNotAnswered: the answer named it neither "
+        "successful nor failed",
+        "sent 1 message to orders; 1 not sent",
+    ]
+
+
 def test_batches_hold_ten_messages_and_one_mebibyte_at_most() -> None:
     small = [OutgoingMessage("x")] * 25
     assert [len(b) for b in batches(small)] == [10, 10, 5]
