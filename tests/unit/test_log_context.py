@@ -1,0 +1,71 @@
+"""The fields a handler's log lines carry are bound per thread: threads binding a key
+for the first time at once must not break each other's reset (structlog makes a key's
+ContextVar on its first binding, with no lock)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from typing import Any
+
+import pytest
+import structlog
+
+from sqsworker import logs
+
+
+class RacingMisses(dict[str, Any]):
+    """structlog's registry of ContextVars, where a lookup that misses waits a moment for
+    another thread's lookup to miss too: the interleaving that loses a ContextVar."""
+
+    def __init__(self, registry: dict[str, Any]) -> None:
+        super().__init__(registry)
+        self.both_missed = threading.Barrier(2)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self:
+            with contextlib.suppress(threading.BrokenBarrierError):  # one thread alone
+                self.both_missed.wait(timeout=0.3)
+            raise KeyError(key)
+        return super().__getitem__(key)
+
+
+def bind_and_reset_at_once(monkeypatch: pytest.MonkeyPatch, bind: Any) -> list[BaseException]:
+    registry = RacingMisses(structlog.contextvars._CONTEXT_VARS)
+    monkeypatch.setattr(structlog.contextvars, "_CONTEXT_VARS", registry)
+    key = f"field_{uuid.uuid4().hex}"  # a key nothing has bound yet
+    errors: list[BaseException] = []
+    seen: list[dict[str, Any]] = []
+    both_bound = threading.Barrier(2)  # the handlers run at once: both bind, then reset
+
+    def handler_thread(value: int) -> None:
+        try:
+            tokens = bind(**{key: value})
+            seen.append(structlog.contextvars.get_contextvars())
+            both_bound.wait(timeout=10)
+            structlog.contextvars.reset_contextvars(**tokens)
+            assert key not in structlog.contextvars.get_contextvars()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=handler_thread, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors or sorted(context[key] for context in seen) == [0, 1]
+    return errors
+
+
+def test_threads_binding_a_new_key_at_once_each_reset_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert bind_and_reset_at_once(monkeypatch, logs.bind_context) == []
+
+
+def test_the_race_is_real_without_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interleaving above does break structlog's own binding (what a worker's first
+    messages met: ValueError after their handlers had run, so they ran again)."""
+    errors = bind_and_reset_at_once(monkeypatch, structlog.contextvars.bind_contextvars)
+    assert any("was created by a different ContextVar" in str(error) for error in errors)
