@@ -7,12 +7,17 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
+from collections import Counter
 from typing import Any
 
 import pytest
 import structlog
 
 from sqsworker import logs
+from sqsworker.clock import FakeClock
+from sqsworker.transports.memory import MemorySQS
+
+from .helpers import Rig
 
 
 class RacingMisses(dict[str, Any]):
@@ -69,3 +74,20 @@ def test_the_race_is_real_without_the_lock(monkeypatch: pytest.MonkeyPatch) -> N
     messages met: ValueError after their handlers had run, so they ran again)."""
     errors = bind_and_reset_at_once(monkeypatch, structlog.contextvars.bind_contextvars)
     assert any("was created by a different ContextVar" in str(error) for error in errors)
+
+
+def test_a_fresh_worker_s_first_messages_each_run_once(
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two handler threads taking a fresh process's first messages at once bind the same
+    new keys at once: each message still runs once and succeeds."""
+    monkeypatch.setattr(structlog.contextvars, "_CONTEXT_VARS", RacingMisses({}))
+    monkeypatch.setattr(logs, "_bound_keys", set())  # as in a process that bound nothing
+    ran: Counter[str] = Counter()
+    rig = Rig(memory, clock, lambda message: ran.update([message.body]), concurrency=2)
+    rig.send("first", "second")
+    rig.worker.start()
+    rig.wait_for("deleted", 2)
+    assert rig.count("failed") == 0
+    assert ran == {"first": 1, "second": 1}
+    assert rig.stop() == 0
