@@ -41,6 +41,10 @@ class Observer:
     def sqs_answered_again(self, seconds: float) -> None:
         """A receive succeeded after the receives had failed for ``seconds``."""
 
+    def receive_repeated(self, message: Message) -> None:
+        """A receive's answer named ``message`` with a receipt handle held already (a
+        proxy replaying an answer, or one naming a message twice): it is left out."""
+
     def handler_started(self, message: Message) -> None: ...
 
     def handler_succeeded(self, message: Message, duration: float) -> None: ...

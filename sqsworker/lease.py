@@ -226,10 +226,15 @@ class LeaseKeeper:
         self._thread = self.clock.spawn("sqsworker-lease", self._run)
 
     def add(self, envelopes: Sequence[Envelope], received_at: float, timeout: int) -> list[Held]:
-        held = [Held(self, e, received_at, timeout) for e in envelopes]
+        arrived = [Held(self, e, received_at, timeout) for e in envelopes]
         with self._wake:
-            self.machine.received(held)
+            held = self.machine.received(arrived)
             self._wake.notify_all()
+        if len(held) < len(arrived):  # an answer naming a message held already
+            taken = {id(h) for h in held}
+            for h in arrived:
+                if id(h) not in taken:
+                    self.observer.receive_repeated(h.message)
         return held
 
     def begin(self, held: Held) -> bool:

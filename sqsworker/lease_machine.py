@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from .config import MAX_VISIBILITY
 from .lease_state import (
@@ -59,6 +60,8 @@ from .lease_state import (
     next_state,
 )
 from .transports import MAX_BATCH, EntryFailure, chunks
+
+E = TypeVar("E", bound=Entry)  # an entry, or what the keeper makes of one (``Held``)
 
 CAP_MARGIN = 30.0  # never ask for visibility closer than this to the 12-hour cap
 NEAR_CAP = 1800.0  # warn once when less than this much of the cap remains
@@ -123,16 +126,22 @@ class LeaseMachine:
 
     # -- events from the worker's threads --------------------------------------------
 
-    def received(self, entries: Sequence[Entry]) -> None:
+    def received(self, entries: Sequence[E]) -> list[E]:
+        """Hold a receive's messages; those held, in order. An entry naming a receipt
+        handle held already (or named before in the same answer) is no delivery: SQS
+        gives a message it delivers again a new handle, and only an endpoint replaying
+        an answer, or naming a message twice, gives the same. It is left out; the lease
+        held covers it (taken twice, its handler would run twice under one lease)."""
         held = self.held
+        taken: list[E] = []
         for entry in entries:
-            if entry.handle in held:  # checked for all first: a refused batch changes nothing
-                raise IllegalTransition(f"receipt handle {entry.handle!r} is held already")
-        for entry in entries:
-            held[entry.handle] = entry
-        if entries:
-            self._expiry_floor = min(self._expiry_floor, *(e.expires_at for e in entries))
-            self._renew_floor = min(self._renew_floor, *(e.renew_at for e in entries))
+            if entry.handle not in held:
+                held[entry.handle] = entry
+                taken.append(entry)
+        if taken:
+            self._expiry_floor = min(self._expiry_floor, *(e.expires_at for e in taken))
+            self._renew_floor = min(self._renew_floor, *(e.renew_at for e in taken))
+        return taken
 
     def begin(self, entry: Entry, now: float) -> bool:
         """Its handler starts; False if it was lost, settled or handed back meanwhile."""

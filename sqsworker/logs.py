@@ -473,6 +473,12 @@ class LogObserver(Observer):
             retry_in=round(retry_in, 1),
         )
 
+    def receive_repeated(self, message: Message) -> None:
+        self._for(message).warning(
+            "a receive's answer named a message held already, with its receipt handle: "
+            "left out (SQS never does so; is the endpoint a proxy replaying answers?)"
+        )
+
     def handler_skipped(self, message: Message, reason: str) -> None:
         self._for(message).warning("message not run", reason=reason)
 

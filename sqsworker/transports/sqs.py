@@ -318,6 +318,9 @@ class SQSTransport:
         if not isinstance(messages, list) or not all(map(_a_message, messages)):
             # What it returned stays hidden for the visibility timeout, then comes back.
             raise unreadable("ReceiveMessage", f"Messages: {messages!r}")
+        # A message named again in one answer (SQS never does so) counts once, as a batch
+        # entry does: its first naming.
+        named = {m["ReceiptHandle"]: m for m in reversed(messages)}
         return [
             Envelope(
                 message_id=m["MessageId"],
@@ -327,6 +330,7 @@ class SQSTransport:
                 message_attributes=dict(m.get("MessageAttributes", {})),
             )
             for m in messages
+            if named[m["ReceiptHandle"]] is m
         ]
 
     def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
