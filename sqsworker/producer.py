@@ -51,16 +51,22 @@ REFUSED = frozenset(
 class SendError(TransportError):
     """Some messages were not sent: ``failed`` names each (its index among the bodies
     given, SQS's code and text); ``message_ids`` has the id of each one that was (None for
-    those that were not). One whose code is ``EntryNotAnswered`` SQS did not confirm
-    either way (an answer that did not name it, or one in no shape SQS gives): it may have
-    been sent, and sending it again may send a copy."""
+    those that were not). ``unconfirmed`` holds the indexes of those SQS may have taken
+    all the same (a call whose answer never came: a timeout, a reset, a server error; or
+    an answer that did not name it, code ``EntryNotAnswered``): sending one again may send
+    a copy."""
 
     def __init__(
-        self, message: str, failed: list[tuple[int, str, str]], message_ids: list[str | None]
+        self,
+        message: str,
+        failed: list[tuple[int, str, str]],
+        message_ids: list[str | None],
+        unconfirmed: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__(message, code=failed[0][1] if failed else "")
         self.failed = failed
         self.message_ids = message_ids
+        self.unconfirmed = unconfirmed
 
 
 @dataclass
@@ -194,17 +200,17 @@ class Producer:
             messages = outgoing
         with tracing.producing(info.name, len(messages)):
             messages = [tracing.injected(m) for m in messages]
-            ids, failed = self._send(messages, report, progress)
+            ids, failed, unconfirmed = self._send(messages, report, progress)
         if failed:
             names = ", ".join(f"{i} ({code}: {text})" for i, code, text in failed[:5])
             more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
-            unsure = any(code == UNANSWERED for _, code, _ in failed)
-            what = "not sent, or not confirmed sent," if unsure else "not sent"
+            what = "not sent, or not confirmed sent," if unconfirmed else "not sent"
             raise SendError(
                 f"{len(failed)} of {len(messages)} messages were {what} to {info.name}: "
                 f"message {names}{more}",
                 failed,
                 ids,
+                frozenset(unconfirmed),
             )
         report.message_ids = [i for i in ids if i is not None]
         return report
@@ -286,11 +292,14 @@ class Producer:
         messages: list[OutgoingMessage],
         report: SendReport,
         progress: Callable[[int], None],
-    ) -> tuple[list[str | None], list[tuple[int, str, str]]]:
-        """Send ``messages``; each one's id (None if not sent) and what failed for good."""
+    ) -> tuple[list[str | None], list[tuple[int, str, str]], set[int]]:
+        """Send ``messages``; each one's id (None if not sent), what failed for good, and
+        which of those SQS may have taken (a try of theirs went unanswered)."""
         ids: list[str | None] = [None] * len(messages)
         failed: dict[int, tuple[str, str]] = {}
+        unconfirmed: set[int] = set()  # a try went unanswered: maybe sent, until confirmed
         todo = list(range(len(messages)))
+        refused = False
         for attempt in range(ATTEMPTS):
             if attempt:
                 time.sleep(RETRY_AFTER * 2 ** (attempt - 1))
@@ -300,28 +309,34 @@ class Producer:
                 try:
                     result = self.transport.send_batch([messages[i] for i in batch])
                 except TransportError as exc:  # the whole call, after the transport's retries
-                    if exc.retryable:
+                    if exc.retryable:  # a timeout, a reset, a server error: maybe taken
                         for index in batch:
                             failed[index] = (exc.code or "RequestFailed", str(exc))
+                        unconfirmed.update(batch)
                         again += batch
                         continue
                     # Refused (AccessDenied, a deleted queue): so would every other call be.
                     for index in (i for i in todo if ids[i] is None):
                         failed[index] = (exc.code or "RequestFailed", str(exc))
-                    return ids, [(i, code, text) for i, (code, text) in sorted(failed.items())]
+                    refused = True
+                    break
                 for entry, message_id in result.message_ids.items():
                     ids[batch[int(entry)]] = message_id
                     failed.pop(batch[int(entry)], None)
+                    unconfirmed.discard(batch[int(entry)])
                 for failure in result.failed:
                     index = batch[int(failure.id)]
                     failed[index] = (failure.code, failure.message)
+                    if failure.code == UNANSWERED:
+                        unconfirmed.add(index)
                     if failure.code not in REFUSED and not failure.sender_fault:
                         again.append(index)
                 progress(len(result.message_ids))
-            if not again:
+            if refused or not again:
                 break
             todo = again
-        return ids, [(i, code, text) for i, (code, text) in sorted(failed.items())]
+        failures = [(i, code, text) for i, (code, text) in sorted(failed.items())]
+        return ids, failures, unconfirmed & failed.keys()
 
 
 class AsyncProducer:

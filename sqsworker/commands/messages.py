@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..exits import EXIT_USAGE, Signals, fail
 from ..operate import Queues
 from ..producer import Producer, SendError
-from ..transports import UNANSWERED, Envelope, QueueInfo
+from ..transports import Envelope, QueueInfo
 
 PROGRESS_FROM = 100  # messages: fewer are sent or moved without a progress bar
 BODY_SHOWN = 300  # characters of a body that peek shows
@@ -67,12 +67,13 @@ def send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
         region=args.region,
     )
     failed: list[tuple[int, str, str]] = []
+    unconfirmed: frozenset[int] = frozenset()  # of those failed, the ones SQS may have taken
     try:
         with _progress(console, "sending", len(messages)) as advance:
             report = producer.deliver(messages, advance)
         sent, offloaded = report.sent, report.offloaded
     except SendError as exc:
-        failed = exc.failed
+        failed, unconfirmed = exc.failed, exc.unconfirmed
         sent = sum(i is not None for i in exc.message_ids)
         offloaded = 0
     finally:
@@ -81,12 +82,16 @@ def send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
         console.print(f"put {offloaded} of {len(messages)} bodies in s3://{args.payload_bucket}")
     for index, code, text in failed[:SHOWN_FAILURES]:
         # SQS did not say either way: it may be in the queue, and sending it again may copy it
-        verdict = "may not have been sent" if code == UNANSWERED else "was not sent"
+        verdict = "may not have been sent" if index in unconfirmed else "was not sent"
         console.print(f"message {index + 1} {verdict}: {code}: {text}")
     if len(failed) > SHOWN_FAILURES:
-        console.print(f"... and {len(failed) - SHOWN_FAILURES} more not sent")
+        console.print(f"... and {len(failed) - SHOWN_FAILURES} more")
     console.print(f"sent {_messages(sent)} to {queue.info.name}", end="")
-    console.print(f"; {len(failed)} not sent" if failed else "")
+    unsent = len(failed) - len(unconfirmed)
+    told = [f"{unsent} not sent"] * bool(unsent) + [f"{len(unconfirmed)} maybe sent"] * bool(
+        unconfirmed
+    )
+    console.print("; " + ", ".join(told) if told else "")
     return 1 if failed else 0
 
 

@@ -158,6 +158,8 @@ def test_a_send_whose_answer_names_no_entry_is_an_error_never_a_silent_loss(
             (1, "EntryNotAnswered"),
         ]
         assert unsent.value.message_ids == [None, None]
+        assert unsent.value.unconfirmed == {0, 1}  # maybe sent: said so
+        assert "were not sent, or not confirmed sent, to" in str(unsent.value)
         assert proxy.injected["empty"] > 1  # sent again before it gave up
     finally:
         proxy.stop()

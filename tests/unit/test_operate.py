@@ -216,7 +216,7 @@ def test_send_says_an_entry_sqs_never_confirmed_may_not_have_been_sent(
     assert capsys.readouterr().out.splitlines() == [
         "message 2 may not have been sent: EntryNotAnswered: the answer named it neither "
         "successful nor failed",
-        "sent 1 message to orders; 1 not sent",
+        "sent 1 message to orders; 1 maybe sent",
     ]
 
 
