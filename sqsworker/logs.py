@@ -20,7 +20,6 @@ import math
 import operator
 import os
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -44,29 +43,6 @@ if TYPE_CHECKING:
 
 BODY_LIMIT = 4096  # characters of a body logged with --log-bodies
 TRACE_SHOWN = "_sqsworker_trace_shown"  # set on an error whose traceback a line showed
-
-
-_bound_keys: set[str] = set()  # keys whose ContextVar structlog has made
-_making = threading.Lock()
-
-
-def bind_context(**fields: Any) -> Mapping[str, Any]:
-    """``structlog.contextvars.bind_contextvars``, safe when threads bind a key for the
-    first time at once; reset with ``structlog.contextvars.reset_contextvars``.
-
-    structlog makes a key's ``ContextVar`` when the key is first bound, with no lock:
-    two handler threads binding ``receive_count`` for the first time at once each make
-    one, the later replaces the earlier, and resetting the earlier's token raises
-    ValueError (a worker's first messages failed so after their handlers had run, and
-    ran again). Here the first binding of each key happens under a lock, once."""
-    if not _bound_keys.issuperset(fields):
-        with _making:
-            fresh = [key for key in fields if key not in _bound_keys]
-            if fresh:
-                made = structlog.contextvars.bind_contextvars(**dict.fromkeys(fresh))
-                structlog.contextvars.reset_contextvars(**made)
-                _bound_keys.update(fresh)
-    return structlog.contextvars.bind_contextvars(**fields)
 
 
 def configure(level: str = "info", fmt: str = "auto") -> None:
@@ -473,10 +449,11 @@ class LogObserver(Observer):
             retry_in=round(retry_in, 1),
         )
 
-    def receive_repeated(self, message: Message) -> None:
-        self._for(message).warning(
-            "a receive's answer named a message held already, with its receipt handle: "
-            "left out (SQS never does so; is the endpoint a proxy replaying answers?)"
+    def receive_repeated(self, message_id: str) -> None:
+        self.log.warning(
+            "a receive's answer named a message held already, under its receipt handle: "
+            "left out (SQS never does so; is the endpoint a proxy replaying answers?)",
+            message_id=message_id,
         )
 
     def handler_skipped(self, message: Message, reason: str) -> None:

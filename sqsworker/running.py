@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from . import batches, coroutines, logs, tracing
+from . import batches, coroutines, log_context, tracing
 from .admission import Step
 from .coroutines import EventLoopRunner
 from .events import HANDED_BACK_BEHIND
@@ -148,7 +148,7 @@ class Threads(Runner):
             self.observer.handler_started(message)
             try:
                 # Log lines of the handler's own (structlog or stdlib logging) carry these.
-                tokens = logs.bind_context(**message.log_context, handler=self.handler.name)
+                tokens = log_context.bind(**message.log_context, handler=self.handler.name)
                 try:
                     result = self.handler(message)
                 finally:
@@ -259,7 +259,7 @@ class Batches(Runner):
         returned: object = None
         raised: BaseException | None = None
         info = self.transport.info
-        tokens = logs.bind_context(
+        tokens = log_context.bind(
             queue=info.name, batch_size=len(messages), handler=self.handler.name
         )
         try:
@@ -362,7 +362,7 @@ class Coroutines(Runner):
                 return step is Step.KEEP
             self.observer.handler_started(message)
             # This coroutine runs in a context of its own: the fields stay with it.
-            logs.bind_context(**message.log_context, handler=self.handler.name)
+            log_context.bind(**message.log_context, handler=self.handler.name)
             try:
                 await self.handler(message)  # type: ignore[misc]
             except BaseException as exc:  # CancelledError too: settled, then passed on

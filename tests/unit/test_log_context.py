@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import structlog
 
-from sqsworker import logs
+from sqsworker import log_context
 from sqsworker.clock import FakeClock
 from sqsworker.transports.memory import MemorySQS
 
@@ -66,7 +66,7 @@ def bind_and_reset_at_once(monkeypatch: pytest.MonkeyPatch, bind: Any) -> list[B
 def test_threads_binding_a_new_key_at_once_each_reset_their_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert bind_and_reset_at_once(monkeypatch, logs.bind_context) == []
+    assert bind_and_reset_at_once(monkeypatch, log_context.bind) == []
 
 
 def test_the_race_is_real_without_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,7 +82,7 @@ def test_a_fresh_worker_s_first_messages_each_run_once(
     """Two handler threads taking a fresh process's first messages at once bind the same
     new keys at once: each message still runs once and succeeds."""
     monkeypatch.setattr(structlog.contextvars, "_CONTEXT_VARS", RacingMisses({}))
-    monkeypatch.setattr(logs, "_bound_keys", set())  # as in a process that bound nothing
+    monkeypatch.setattr(log_context, "_bound_keys", set())  # as in a process that bound nothing
     ran: Counter[str] = Counter()
     rig = Rig(memory, clock, lambda message: ran.update([message.body]), concurrency=2)
     rig.send("first", "second")

@@ -1,0 +1,32 @@
+"""The fields a handler's log lines carry, bound to its thread's (or coroutine's) context
+while it runs, so that its own lines carry them too (structlog's ``merge_contextvars``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+_bound_keys: set[str] = set()  # keys whose ContextVar structlog has made
+_making = threading.Lock()
+
+
+def bind(**fields: Any) -> Mapping[str, Any]:
+    """``structlog.contextvars.bind_contextvars``, safe when threads bind a key for the
+    first time at once; reset with ``structlog.contextvars.reset_contextvars``.
+
+    structlog makes a key's ``ContextVar`` when the key is first bound, with no lock:
+    two handler threads binding ``receive_count`` for the first time at once each make
+    one, the later replaces the earlier, and resetting the earlier's token raises
+    ValueError (a worker's first messages failed so after their handlers had run, and
+    ran again). Here the first binding of each key happens under a lock, once."""
+    if not _bound_keys.issuperset(fields):
+        with _making:
+            fresh = [key for key in fields if key not in _bound_keys]
+            if fresh:
+                made = structlog.contextvars.bind_contextvars(**dict.fromkeys(fresh))
+                structlog.contextvars.reset_contextvars(**made)
+                _bound_keys.update(fresh)
+    return structlog.contextvars.bind_contextvars(**fields)
