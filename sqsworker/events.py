@@ -41,9 +41,9 @@ class Observer:
     def sqs_answered_again(self, seconds: float) -> None:
         """A receive succeeded after the receives had failed for ``seconds``."""
 
-    def receive_repeated(self, message: Message) -> None:
-        """A receive's answer named ``message`` with a receipt handle held already (a
-        proxy replaying an answer, or one naming a message twice): it is left out."""
+    def receive_repeated(self, message_id: str) -> None:
+        """A receive's answer named a message with a receipt handle held already (a proxy
+        replaying an answer): it is left out."""
 
     def handler_started(self, message: Message) -> None: ...
 

@@ -228,13 +228,8 @@ class LeaseKeeper:
     def add(self, envelopes: Sequence[Envelope], received_at: float, timeout: int) -> list[Held]:
         arrived = [Held(self, e, received_at, timeout) for e in envelopes]
         with self._wake:
-            held = self.machine.received(arrived)
+            held = self.machine.received(arrived)  # without messages held already
             self._wake.notify_all()
-        if len(held) < len(arrived):  # an answer naming a message held already
-            taken = {id(h) for h in held}
-            for h in arrived:
-                if id(h) not in taken:
-                    self.observer.receive_repeated(h.message)
         return held
 
     def begin(self, held: Held) -> bool:

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 
 IDLE_PAUSE = 1.0  # between empty receives when --wait-time is 0
 BURST_WAIT = 1  # long-poll seconds in burst mode: an empty queue ends the run promptly
+# A receive answered only with messages held already, under their receipt handles.
+REPLAYED = (
+    "ReceiveMessage was answered with messages held already, under the same receipt handles "
+    "(SQS never answers so; a proxy replaying answers does): check that the endpoint is SQS"
+)
 MAX_POLLS = 32  # receives under way at once, at most
 
 
@@ -199,6 +204,16 @@ class Receiver:
         except Exception as exc:  # the loop outlives every error; what it got is safe
             self._failed(index, began, attempt_id, exc)
             return True
+        held = (
+            self._keeper.add(envelopes, began, self.config.visibility_timeout) if envelopes else []
+        )
+        if len(held) < len(envelopes):  # messages held already, left out: a replayed answer
+            kept = {h.handle for h in held}
+            for repeat in (e for e in envelopes if e.receipt_handle not in kept):
+                self.observer.receive_repeated(repeat.message_id)
+            if not held:  # nothing else: as a failed receive, so the receives pause
+                self._failed(index, began, None, TransportError(REPLAYED, code=UNANSWERED))
+                return True
         with lock:
             self._failures = 0
             since, self._failing_since = self._failing_since, None
@@ -206,7 +221,6 @@ class Receiver:
             self.observer.sqs_answered_again(self.clock.monotonic() - since)
         if not envelopes:
             return self._empty(index, wait)
-        held = self._keeper.add(envelopes, began, self.config.visibility_timeout)
         self.observer.received([h.message for h in held])
         with lock:
             # Room taken by the ask becomes room taken by the messages, in one step: the
