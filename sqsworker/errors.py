@@ -41,12 +41,17 @@ class CredentialsError(StartupError):
 
 
 class TransportError(SQSWorkerError):
-    """An SQS call failed, after the transport's own retries where the error allowed them."""
+    """An SQS call failed, after the transport's own retries where the error allowed them.
+    ``unapplied``: SQS certainly did not act on it, on any try (it refused it, or it was
+    throttled, or no connection was made); else it may have (a timeout, a reset, a 5xx)."""
 
-    def __init__(self, message: str, *, code: str = "", retryable: bool = False) -> None:
+    def __init__(
+        self, message: str, *, code: str = "", retryable: bool = False, unapplied: bool = False
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.retryable = retryable
+        self.unapplied = unapplied
 
 
 class LeaseLost(SQSWorkerError):

@@ -309,10 +309,11 @@ class Producer:
                 try:
                     result = self.transport.send_batch([messages[i] for i in batch])
                 except TransportError as exc:  # the whole call, after the transport's retries
-                    if exc.retryable:  # a timeout, a reset, a server error: maybe taken
+                    if exc.retryable:
                         for index in batch:
                             failed[index] = (exc.code or "RequestFailed", str(exc))
-                        unconfirmed.update(batch)
+                        if not exc.unapplied:  # a timeout, a reset, a 5xx: maybe taken
+                            unconfirmed.update(batch)
                         again += batch
                         continue
                     # Refused (AccessDenied, a deleted queue): so would every other call be.

@@ -27,10 +27,13 @@ from botocore.exceptions import (
     BotoCoreError,
     ClientError,
     ConnectionError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
     HTTPClientError,
     NoCredentialsError,
     NoRegionError,
     PartialCredentialsError,
+    ProxyConnectionError,
 )
 
 from ..config import MAX_WAIT_TIME, SQS_CLIENTS
@@ -72,6 +75,8 @@ THROTTLING_CODES = frozenset(
         "KMS.ThrottlingException",
     }
 )
+# Connection errors before a request left: SQS never saw it.
+UNSENT = (EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError)
 QUEUE_MISSING_CODES = frozenset({"QueueDoesNotExist", "NonExistentQueue"})
 # Sender faults in a batch that one bad entry can cause: the batch is split to find it.
 ENTRY_FAULT_CODES = frozenset(
@@ -97,10 +102,18 @@ def translate(exc: Exception, action: str) -> Exception:
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         retryable = code in THROTTLING_CODES or status >= 500
         return TransportError(
-            f"{action} failed: {code}: {error.get('Message', '')}", code=code, retryable=retryable
+            f"{action} failed: {code}: {error.get('Message', '')}",
+            code=code,
+            retryable=retryable,
+            unapplied=400 <= status < 500,  # refused or throttled; a 5xx may have acted
         )
     if isinstance(exc, ConnectionError | HTTPClientError):
-        return TransportError(f"{action} failed: {exc}", code="ConnectionError", retryable=True)
+        return TransportError(
+            f"{action} failed: {exc}",
+            code="ConnectionError",
+            retryable=True,
+            unapplied=isinstance(exc, UNSENT),  # else sent, its answer lost: maybe acted on
+        )
     return TransportError(f"{action} failed: {exc}", code=type(exc).__name__)
 
 
@@ -256,6 +269,7 @@ class SQSTransport:
     ) -> T:
         attempts = attempts or self.attempts
         attempt = 1
+        reached = False  # a try may have been acted on: so may the call, whatever comes next
         while True:
             self.requests[action] += 1
             try:
@@ -264,6 +278,9 @@ class SQSTransport:
                 error = translate(exc, action)
                 code = getattr(error, "code", None) or type(error).__name__
                 self.request_errors[action, code] += 1
+                if isinstance(error, TransportError):
+                    reached = reached or not error.unapplied
+                    error.unapplied = not reached
                 if not (isinstance(error, TransportError) and error.retryable):
                     raise error from exc
                 if attempt >= attempts:
@@ -271,6 +288,7 @@ class SQSTransport:
             except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
                 # botocore's parser on a 200 of JSON in no shape SQS answers with
                 error = unreadable(action, repr(exc))
+                reached = True
                 self.request_errors[action, UNANSWERED] += 1
                 if attempt >= attempts:
                     raise error from exc
