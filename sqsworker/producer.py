@@ -319,6 +319,8 @@ class Producer:
                     # Refused (AccessDenied, a deleted queue): so would every other call be.
                     for index in (i for i in todo if ids[i] is None):
                         failed[index] = (exc.code or "RequestFailed", str(exc))
+                    if not exc.unapplied:  # an earlier try of this call may have reached SQS
+                        unconfirmed.update(batch)
                     refused = True
                     break
                 for entry, message_id in result.message_ids.items():
