@@ -101,8 +101,15 @@ def test_a_replay_answered_during_the_stop_ends_the_receives(
     client = ReplayAtStop(queue)
     transport = SQSTransport(client, queue.info, attempts=1)
     ran: list[str] = []
-    rig = Rig(memory, clock, lambda m: ran.append(m.body), transport=transport,
-              concurrency=2, prefetch=0, delete_interval=5)
+    rig = Rig(
+        memory,
+        clock,
+        lambda m: ran.append(m.body),
+        transport=transport,
+        concurrency=2,
+        prefetch=0,
+        delete_interval=5,
+    )
     rig.send("a")
     rig.worker.start()
     wait_until(lambda: client.waiting.is_set() and ran == ["a"], what=lambda: ran)
