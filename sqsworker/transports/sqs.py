@@ -33,7 +33,6 @@ from botocore.exceptions import (
     NoCredentialsError,
     NoRegionError,
     PartialCredentialsError,
-    ProxyConnectionError,
 )
 
 from ..config import MAX_WAIT_TIME, SQS_CLIENTS
@@ -75,8 +74,9 @@ THROTTLING_CODES = frozenset(
         "KMS.ThrottlingException",
     }
 )
-# Connection errors before a request left: SQS never saw it.
-UNSENT = (EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError)
+# Connection errors before a request left: SQS never saw it. (Not a proxy's error: urllib3
+# 1.26 calls any socket error on a proxied connection so, one after the request went too.)
+UNSENT = (EndpointConnectionError, ConnectTimeoutError)
 QUEUE_MISSING_CODES = frozenset({"QueueDoesNotExist", "NonExistentQueue"})
 # Sender faults in a batch that one bad entry can cause: the batch is split to find it.
 ENTRY_FAULT_CODES = frozenset(
