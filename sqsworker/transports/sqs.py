@@ -338,7 +338,7 @@ class SQSTransport:
             raise unreadable("ReceiveMessage", f"Messages: {messages!r}")
         # A message named again in one answer (SQS never does so) counts once, as a batch
         # entry does: its first naming.
-        named = {m["ReceiptHandle"]: m for m in reversed(messages)}
+        first = {m["ReceiptHandle"]: i for i, m in reversed(list(enumerate(messages)))}
         return [
             Envelope(
                 message_id=m["MessageId"],
@@ -347,8 +347,8 @@ class SQSTransport:
                 attributes=dict(m.get("Attributes", {})),
                 message_attributes=dict(m.get("MessageAttributes", {})),
             )
-            for m in messages
-            if named[m["ReceiptHandle"]] is m
+            for i, m in enumerate(messages)
+            if first[m["ReceiptHandle"]] == i
         ]
 
     def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
