@@ -32,7 +32,7 @@ import json
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -116,6 +116,9 @@ class Faults:
     # (start, end, acted): every batch answered naming no entry (a proxy's page), SQS
     # having acted on the calls (the proxy forwarded them) or not
     unnamed_windows: list[tuple[float, float, bool]] = field(default_factory=list)
+    # receives answered with the last answer again, as far as its messages are held still
+    # under those handles (a proxy replaying an answer), alone or beside SQS's own
+    replay_rate: float = 0.0
     on: bool = True
 
     @property
@@ -131,6 +134,7 @@ class Faults:
             or self.deny_deletes
             or self.unnamed_rate
             or self.unnamed_windows
+            or self.replay_rate
         )
 
 
@@ -262,6 +266,10 @@ def draw(seed: int) -> Schedule:
         start = unnamed.uniform(0, horizon)
         end = start + unnamed.uniform(1, 2.5 * visibility)
         faults.unnamed_windows.append((start, end, unnamed.random() < 0.5))
+    # Now and then a receive answered again with messages held (a proxy replaying). Apart.
+    replay = random.Random(f"replayed receives {seed}")
+    if faulty and replay.random() < 0.15:
+        faults.replay_rate = replay.choice([0.05, 0.3])
     workers = rng.choice([1, 1, 2])
     stops = [(rng.uniform(0, horizon), w) for w in range(workers) if rng.random() < 0.4]
     crashes = [
@@ -409,6 +417,9 @@ class SimTransport:
             self.info = replace(inner.info, dead_letter_arn=None, max_receive_count=None)
         self.requests = inner.requests
         self.request_errors = inner.request_errors
+        self.last: list[Envelope] = []  # the last answer to a receive that held messages
+        # The receipt handles the worker holds (set once the worker is made).
+        self.holds: Callable[[], Collection[str]] = frozenset
 
     def _fault(self, action: str) -> TransportError | None:
         faults, clock = self.world.faults, self.world.clock
@@ -490,12 +501,21 @@ class SimTransport:
                     self.world.trouble[_envelope_number(envelope)].add("answer lost")
                 self.world.last_fault_at = clock.monotonic()
             return []
+        replay = self._replay()
+        if replay and clock.rng.random() < 0.5:  # the replay alone, if still held
+            clock.sleep(self._latency())
+            replayed = self._held_of_last()
+            if replayed:
+                self.world.last_fault_at = clock.monotonic()  # the receives rightly pause
+                return replayed
         got: list[Envelope] = self._call(
             "ReceiveMessage",
             lambda: self.inner.receive(max_messages, wait_seconds, visibility_timeout, attempt_id),
         )
+        replayed = self._held_of_last() if replay else []
+        self.last = got or self.last
         schedule = self.world.schedule
-        return [
+        return replayed + [
             replace(
                 e,
                 attributes={
@@ -507,6 +527,21 @@ class SimTransport:
             else e
             for e in got
         ]
+
+    def _replay(self) -> bool:
+        """Whether this receive's answer replays the last one (SQS never does): now and
+        then, as a proxy replaying answers would."""
+        faults = self.world.faults
+        if not (faults.on and faults.replay_rate and self.last):
+            return False
+        return self.world.clock.rng.random() < faults.replay_rate
+
+    def _held_of_last(self) -> list[Envelope]:
+        """The last answer's messages the worker holds still under those handles, as the
+        answer comes. (One it let go of would be taken as a new delivery, and run again:
+        a replay the worker cannot tell, out of what the invariants allow.)"""
+        held = self.holds()
+        return [e for e in self.last if e.receipt_handle in held]
 
     def _page(self) -> bool | None:
         """Inside a window of a proxy's pages: whether it forwarded the calls to SQS (True)
@@ -976,10 +1011,11 @@ class World:
             return None
         recorder = Recorder(self, index)
         batched = config.batch_size is not None
+        transport = SimTransport(self.memory.transport(self.queue_name), self)
         worker = Worker(
             Handler(self.batch_handler, {}, batch=True) if batched else self.handler,  # type: ignore[arg-type]
             config,
-            transport=SimTransport(self.memory.transport(self.queue_name), self),
+            transport=transport,
             clock=self.clock,
             observer=Observers([recorder, Trace(self, index)]),
             idempotency_store=self.store,
@@ -988,6 +1024,7 @@ class World:
             ),
         )
         worker.inbox.HAND_OVER = self.schedule.hand_over
+        transport.holds = lambda: worker.keeper.machine.held if worker.keeper else ()
         group = f"worker-{index}"
         self.clock.group = group
         worker.start()
