@@ -338,7 +338,9 @@ class SQSTransport:
             raise unreadable("ReceiveMessage", f"Messages: {messages!r}")
         # A message named again in one answer (SQS never does so) counts once, as a batch
         # entry does: its first naming.
-        first = {m["ReceiptHandle"]: i for i, m in reversed(list(enumerate(messages)))}
+        named: dict[str, Any] = {}
+        for m in messages:
+            named.setdefault(m["ReceiptHandle"], m)
         return [
             Envelope(
                 message_id=m["MessageId"],
@@ -347,8 +349,7 @@ class SQSTransport:
                 attributes=dict(m.get("Attributes", {})),
                 message_attributes=dict(m.get("MessageAttributes", {})),
             )
-            for i, m in enumerate(messages)
-            if first[m["ReceiptHandle"]] == i
+            for m in named.values()
         ]
 
     def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
