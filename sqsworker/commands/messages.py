@@ -87,10 +87,11 @@ def send(queues: Queues, args: argparse.Namespace, console: Console) -> int:
     if len(failed) > SHOWN_FAILURES:
         console.print(f"... and {len(failed) - SHOWN_FAILURES} more")
     console.print(f"sent {_messages(sent)} to {queue.info.name}", end="")
-    unsent = len(failed) - len(unconfirmed)
-    told = [f"{unsent} not sent"] * bool(unsent) + [f"{len(unconfirmed)} maybe sent"] * bool(
-        unconfirmed
-    )
+    told = []
+    if len(failed) > len(unconfirmed):
+        told.append(f"{len(failed) - len(unconfirmed)} not sent")
+    if unconfirmed:
+        told.append(f"{len(unconfirmed)} maybe sent")
     console.print("; " + ", ".join(told) if told else "")
     return 1 if failed else 0
 
