@@ -4,11 +4,13 @@ Lease timing, visibility expiry and backoff read the time from a ``Clock`` so
 that tests advance a ``FakeClock`` instead of sleeping. Every thread the worker
 starts comes from ``Clock.spawn`` and every wait goes through ``Clock.wait``:
 the fault simulator's clock (``tests/sim``) uses both to run the worker's threads
-one at a time, in an order drawn from a seed.
+one at a time, in an order drawn from a seed, and gives coroutine handlers an
+event loop (``Clock.event_loop``) that keeps its time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +45,11 @@ class Clock(Protocol):
         """Start ``target`` on a daemon thread named ``name``."""
         ...
 
+    def event_loop(self) -> tuple[asyncio.AbstractEventLoop, Clock]:
+        """A new event loop for coroutine handlers, and the clock it keeps time by: its
+        timers, and the waits of the watchdog beside it."""
+        ...
+
 
 def spawn_thread(name: str, target: Callable[[], object]) -> threading.Thread:
     thread = threading.Thread(target=target, name=name, daemon=True)
@@ -65,6 +72,9 @@ class SystemClock:
 
     def spawn(self, name: str, target: Callable[[], object]) -> Task:
         return spawn_thread(name, target)
+
+    def event_loop(self) -> tuple[asyncio.AbstractEventLoop, Clock]:
+        return asyncio.new_event_loop(), self
 
 
 class FakeClock:
@@ -111,3 +121,8 @@ class FakeClock:
 
     def spawn(self, name: str, target: Callable[[], object]) -> Task:
         return spawn_thread(name, target)
+
+    def event_loop(self) -> tuple[asyncio.AbstractEventLoop, Clock]:
+        """An event loop on real time: a test's coroutines wait real seconds, and only
+        the worker's own waits follow this clock."""
+        return asyncio.new_event_loop(), SystemClock()

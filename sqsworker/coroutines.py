@@ -23,8 +23,8 @@ import functools
 import math
 import sys
 import threading
-import time
 import traceback
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -40,6 +40,71 @@ MAX_HELPERS = 16  # threads for the blocking steps around coroutine handlers
 T = TypeVar("T")
 
 log = structlog.get_logger("sqsworker")
+
+
+class Helpers(concurrent.futures.Executor):
+    """Up to ``size`` threads, started by the clock as work comes, that run the blocking
+    steps around coroutine handlers (``loop.run_in_executor``). Unlike the standard
+    thread pool, they wait through the worker's clock (the simulator runs them too), and
+    are daemon threads: one stuck in a call to a store does not hold the process's exit."""
+
+    def __init__(self, clock: Clock, size: int, name: str) -> None:
+        self._clock = clock
+        self._size = size
+        self._name = name
+        self._lock = threading.Condition()
+        self._work: deque[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = deque()
+        self._threads = 0
+        self._idle = 0  # threads waiting for work
+        self._shut = False
+
+    def submit(
+        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._work.append((future, functools.partial(fn, *args, **kwargs)))
+            # An idle thread for each call waiting (one woken may not have taken its own
+            # yet), else one more thread.
+            if self._idle >= len(self._work):
+                self._lock.notify()
+            elif self._threads < self._size:
+                self._threads += 1
+                self._clock.spawn(f"{self._name}-{self._threads - 1}", self._serve)
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more work; with ``cancel_futures``, what has not begun is cancelled. The
+        threads end once idle (``wait`` is not honoured: no caller waits for them)."""
+        with self._lock:
+            self._shut = True
+            while cancel_futures and self._work:
+                self._work.popleft()[0].cancel()
+            self._lock.notify_all()
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._work and not self._shut:
+                    self._idle += 1
+                    try:
+                        self._clock.wait(self._lock, None)
+                    finally:
+                        self._idle -= 1
+                if not self._work:
+                    return
+                future, call = self._work.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call()
+            except BaseException as exc:  # handed to the awaiting coroutine, as the pool's
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            del future, call  # not kept while idle
 
 
 class EventLoopRunner:
@@ -68,26 +133,26 @@ class EventLoopRunner:
         self._give_back = give_back  # messages taken that no coroutine will run
         self._room = threading.Condition()  # guards _running; the dispatcher waits on it
         self._running = 0  # coroutines started and not yet ended
-        self._loop = asyncio.new_event_loop()
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            self.helpers, thread_name_prefix="sqsworker-async-helper"
-        )
+        self.beat = BEAT  # seconds between the loop's heartbeats (the simulator's are longer)
+        # The loop, and the clock it keeps time by (its heartbeat, the watchdog's waits).
+        self._loop, self._ticks = clock.event_loop()
+        self._pool = Helpers(clock, self.helpers, "sqsworker-async-helper")
         self._tasks: set[asyncio.Task[None]] = set()
-        self._last_beat = time.monotonic()
+        self._last_beat = self._ticks.monotonic()
         self._stall = 0.0  # seconds the loop's last stall lasted, measured by its heartbeat
         self._loop_thread: int | None = None  # its ident, to show where it is stuck
         self._dispatching = False
         self._looping = False
         self._faults = 0  # coroutines that ended in a fault of the worker's own
         self._closed = threading.Event()
+        self._closing = threading.Condition()  # the watchdog waits on it between beats
 
     # -- for the worker -------------------------------------------------------------
 
     def start(self) -> None:
-        ready = threading.Event()
+        # What the dispatcher hands the loop before it runs waits in the loop's queue.
         self._looping = self._dispatching = True
-        self._clock.spawn("sqsworker-event-loop", functools.partial(self._run_loop, ready))
-        ready.wait()
+        self._clock.spawn("sqsworker-event-loop", self._run_loop)
         self._clock.spawn("sqsworker-dispatcher", self._dispatch)
         self._clock.spawn("sqsworker-loop-watchdog", self._watch)
 
@@ -101,7 +166,7 @@ class EventLoopRunner:
         scheduling, not a stall), infinity once it ended without being closed."""
         if not self._looping:
             return 0.0 if self._closed.is_set() else math.inf
-        late = time.monotonic() - self._last_beat - BEAT
+        late = self._ticks.monotonic() - self._last_beat - self.beat
         return late if late >= min(BLOCKED, allowance) else 0.0
 
     async def offload(self, func: Callable[..., T], *args: Any) -> T:
@@ -120,21 +185,35 @@ class EventLoopRunner:
         self._closed.set()
         with self._room:
             self._room.notify_all()  # a dispatcher waiting for room sees the end
+        with self._closing:
+            self._closing.notify_all()  # and the watchdog
         if self._looping:
-            done = asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop)
             # A loop a handler blocks does not answer: it goes with the process.
-            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
-                done.result(timeout)
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            with contextlib.suppress(RuntimeError):
+                done = asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop)
+                self._wait_for(done, self._ticks.monotonic() + timeout)
+                self._loop.call_soon_threadsafe(self._loop.stop)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the threads ----------------------------------------------------------------
 
-    def _run_loop(self, ready: threading.Event) -> None:
+    def _wait_for(self, done: concurrent.futures.Future[Any], deadline: float) -> None:
+        """Wait until ``done`` is done, or ``deadline`` (on the loop's clock)."""
+        answered = threading.Condition()
+
+        def notify(_: object) -> None:
+            with answered:
+                answered.notify_all()
+
+        done.add_done_callback(notify)
+        with answered:
+            while not done.done() and self._ticks.monotonic() < deadline:
+                self._ticks.wait(answered, deadline)
+
+    def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop_thread = threading.get_ident()
         beat = self._loop.create_task(self._heartbeat())
-        self._loop.call_soon(ready.set)
         try:
             while True:
                 try:
@@ -149,7 +228,6 @@ class EventLoopRunner:
                     log.error("a task on the event loop raised; the loop runs on", error=repr(exc))
         finally:
             self._looping = False
-            ready.set()
             beat.cancel()
             # What is still pending ends here (a loop blocked past close() never gets here).
             with contextlib.suppress(RuntimeError):
@@ -162,7 +240,7 @@ class EventLoopRunner:
             while True:
                 with self._room:
                     while self._running >= self.concurrency and not self._closed.is_set():
-                        self._room.wait()
+                        self._clock.wait(self._room, None)
                     if self._closed.is_set():
                         return
                     room = self.concurrency - self._running
@@ -190,6 +268,8 @@ class EventLoopRunner:
             await self._run_one(message)
         except asyncio.CancelledError:
             pass  # at a shutdown's timeout: the message was handed back before
+        except GeneratorExit:
+            raise  # closed unfinished, its loop gone (at the process's exit): no fault
         except BaseException:
             # A fault of the worker's own (run_one settled the message first): like a
             # handler thread that dies, /healthz reports it.
@@ -202,9 +282,9 @@ class EventLoopRunner:
 
     async def _heartbeat(self) -> None:
         while True:
-            before = self._last_beat = time.monotonic()
-            await asyncio.sleep(BEAT)
-            late = time.monotonic() - before - BEAT
+            before = self._last_beat = self._ticks.monotonic()
+            await asyncio.sleep(self.beat)
+            late = self._ticks.monotonic() - before - self.beat
             if late >= BLOCKED:
                 self._stall = late  # how long the last stall lasted, for the watchdog
 
@@ -218,7 +298,13 @@ class EventLoopRunner:
         """Report each stall of the loop once, with where the loop thread is stuck, and
         again when it ends, with how long it lasted."""
         stalled = False
-        while not self._closed.wait(BEAT):
+        while True:
+            with self._closing:
+                until = self._ticks.monotonic() + self.beat
+                while not self._closed.is_set() and self._ticks.monotonic() < until:
+                    self._ticks.wait(self._closing, until)
+            if self._closed.is_set():
+                return
             late = self.blocked_for()
             if late >= BLOCKED and not stalled:
                 stalled = True
