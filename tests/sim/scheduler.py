@@ -23,7 +23,9 @@ exactly.
 
 from __future__ import annotations
 
+import asyncio
 import random
+import selectors
 import sys
 import threading
 import time
@@ -117,6 +119,9 @@ class SimClock:
         self.tasks.append(task)
         task.thread.start()
         return task
+
+    def event_loop(self) -> tuple[asyncio.AbstractEventLoop, SimClock]:
+        return SimEventLoop(self), self
 
     def wait(self, cond: threading.Condition, deadline: float | None) -> None:
         task = self.current()
@@ -273,6 +278,42 @@ class SimClock:
         for task in self.tasks:
             if task.thread is not None:
                 task.thread.join(5)
+
+
+class SimEventLoop(asyncio.SelectorEventLoop):
+    """An event loop on the simulated clock: its time is the clock's, and it waits for
+    its next timer, or for a callback from another thread, through ``SimClock.wait``.
+    (Coroutine handlers run on it; it does no I/O of its own.)"""
+
+    def __init__(self, clock: SimClock) -> None:
+        self.sim_clock = clock
+        self.woken = threading.Condition()  # call_soon_threadsafe notifies it
+        super().__init__(_SimSelector(self))
+
+    def time(self) -> float:
+        return self.sim_clock.monotonic()
+
+    def _write_to_self(self) -> None:
+        with self.woken:
+            self.woken.notify_all()
+
+
+class _SimSelector(selectors.SelectSelector):
+    """Registers the loop's own socket as any selector does, and waits on the simulated
+    clock instead of the operating system: until the timeout, or until woken."""
+
+    def __init__(self, loop: SimEventLoop) -> None:
+        super().__init__()
+        self._sim_loop = loop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        loop = self._sim_loop
+        if timeout is None or timeout > 0:
+            clock = loop.sim_clock
+            deadline = None if timeout is None else clock.monotonic() + timeout
+            with loop.woken:
+                clock.wait(loop.woken, deadline)
+        return []
 
 
 def _stack(task: SimTask) -> str:

@@ -1,7 +1,8 @@
 """The fault simulator: real workers, the in-memory SQS, faults and time, all from one seed.
 
 ``simulate(seed)`` draws a schedule (queue kind, worker options, messages and what
-their handlers do, faults per SQS action, outages, SIGTERMs and crashes), runs it
+their handlers do, as ``def``, batch or ``async def`` handlers, faults per SQS action,
+outages, SIGTERMs and crashes), runs it
 on ``SimClock`` (one thread at a time, see scheduler.py), and checks the
 invariants after every step. It returns the violations found; the same seed
 replays the same run.
@@ -27,6 +28,7 @@ The invariants (docs/delivery.md states the promise they check):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -38,9 +40,11 @@ from typing import Any
 
 from sqsworker import Backoff, Handler, Message, Reject, Retry, Worker, WorkerConfig
 from sqsworker import BatchResult as BatchResult_
+from sqsworker.coroutines import Helpers
 from sqsworker.errors import ConfigError, LeaseLost, StoreError, TransportError
 from sqsworker.events import Observer, Observers
 from sqsworker.idempotency import CLAIM_MARGIN
+from sqsworker.running import Coroutines
 from sqsworker.stores import Lease, Record
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.transports import (
@@ -56,6 +60,10 @@ from sqsworker.transports import (
 from sqsworker.transports.memory import MemorySQS, MemoryTransport
 
 from .scheduler import SimClock, SimStuck
+
+# Seconds between the event loop's heartbeats (0.25 s in a worker): the simulator's
+# handlers take seconds to hours, and each beat is a turn of the scheduler.
+LOOP_BEAT = 30.0
 
 READ_TIMEOUT_EXTRA = 10  # the boto3 client's read timeout is the wait time plus this
 TRANSIENT = ("InternalError", "ServiceUnavailable", "RequestThrottled")
@@ -163,6 +171,7 @@ class Schedule:
     reported_count: int = 0
     hide_redrive: bool = False  # the workers read no redrive policy (added after they started)
     floods: dict[int, int] = field(default_factory=dict)  # extra copies of one busy key
+    coroutines: bool = False  # an async def handler: the plans run as coroutines
 
     @property
     def calm(self) -> bool:
@@ -178,6 +187,7 @@ class Schedule:
             f"{dict(self.config)}, maxReceiveCount {self.max_receive_count}, "
             f"messages {dict(kinds)}, faults {self.faults}, stops {self.stops}, "
             f"crashes {self.crashes}, idempotency keys {self.keyed}, copies {sorted(self.copies)}"
+            + (", async def" if self.coroutines else "")
             + (
                 f", hostile {self.hostile} (count {self.reported_count}, redrive hidden "
                 f"{self.hide_redrive}), floods {self.floods}"
@@ -336,6 +346,10 @@ def draw(seed: int) -> Schedule:
         copies=copies,
     )
     _draw_hostile(schedule, random.Random(f"hostile {seed}"))
+    # Now and then an async def handler (not a batch one: those are def), its coroutines
+    # on the worker's event loop, up to --concurrency at once. Drawn apart too.
+    if random.Random(f"coroutines {seed}").random() < 0.2 and "batch_size" not in config:
+        schedule.coroutines = True
     return schedule
 
 
@@ -906,6 +920,7 @@ class World:
         self.deleted_by: dict[str, str] = {}  # message id -> the handle whose delete removed it
         self.last_fault_at = -math.inf  # when a fault was last injected (SQS or the store)
         self.free_since: dict[int, float] = {}  # worker -> since when it has had free room
+        self.helpers = Helpers(self.clock, 4, "sim-extend")  # a coroutine's lease.extend()
 
     # -- SQS's side, read directly ---------------------------------------------------
 
@@ -971,25 +986,61 @@ class World:
                     "runs on a live lease"
                 )
 
-    def _handle(self, message: Message) -> None:
+    async def coroutine_handler(self, message: Message) -> None:
+        """``handler`` as an ``async def``: its waits are ``asyncio.sleep`` on the event
+        loop (simulated time), and ``lease.extend()``, which blocks, runs on a helper thread,
+        as the docs tell a coroutine to call it."""
+        number, keyed = _number(message), self.store is not None
+        if keyed:
+            self._check_no_overlap(message)
+            self.running_keys[number].append(message)
+        try:
+            plan, attempt, duration = self._attempt(message)
+            if plan.extend is not None:
+                await asyncio.sleep(duration / 2)
+                asked = self.clock.monotonic()
+                loop = asyncio.get_running_loop()
+                with contextlib.suppress(LeaseLost):
+                    await loop.run_in_executor(self.helpers, message.lease.extend, plan.extend)
+                self._check_extend(message, asked)
+                await asyncio.sleep(duration / 2)
+            else:
+                await asyncio.sleep(duration)
+            self._outcome(plan, attempt)
+        finally:
+            if keyed:
+                self.running_keys[number].remove(message)
+
+    def _attempt(self, message: Message) -> tuple[Plan, int, float]:
+        """The message's plan, which attempt this is, and how long it takes."""
         number = _number(message)
         plan = self.schedule.plans[number]
         self.attempts[number] += 1
         attempt = self.attempts[number]
-        duration = plan.durations[min(attempt, len(plan.durations)) - 1]
+        return plan, attempt, plan.durations[min(attempt, len(plan.durations)) - 1]
+
+    def _check_extend(self, message: Message, asked: float) -> None:
+        took = self.clock.monotonic() - asked
+        bound = self.schedule.config["visibility_timeout"] + 4 * self.faults.latency + 2
+        if took > bound:
+            self.violation(f"lease.extend() on {_n(message)} took {took:.1f} s")
+
+    def _handle(self, message: Message) -> None:
+        plan, attempt, duration = self._attempt(message)
         clock = self.clock
         if plan.extend is not None:
             clock.sleep(duration / 2)
             asked = clock.monotonic()
             with contextlib.suppress(LeaseLost):
                 message.lease.extend(plan.extend)
-            took = clock.monotonic() - asked
-            bound = self.schedule.config["visibility_timeout"] + 4 * self.faults.latency + 2
-            if took > bound:
-                self.violation(f"lease.extend() on {_n(message)} took {took:.1f} s")
+            self._check_extend(message, asked)
             clock.sleep(duration / 2)
         else:
             clock.sleep(duration)
+        self._outcome(plan, attempt)
+
+    def _outcome(self, plan: Plan, attempt: int) -> None:
+        """Raise as the plan says this attempt ends (or return: it succeeded)."""
         outcome = plan.outcome(attempt)
         if outcome == "raise":
             raise RuntimeError("the handler failed")
@@ -1012,8 +1063,12 @@ class World:
         recorder = Recorder(self, index)
         batched = config.batch_size is not None
         transport = SimTransport(self.memory.transport(self.queue_name), self)
+        if batched:
+            handler: Any = Handler(self.batch_handler, {}, batch=True)
+        else:
+            handler = self.coroutine_handler if self.schedule.coroutines else self.handler
         worker = Worker(
-            Handler(self.batch_handler, {}, batch=True) if batched else self.handler,  # type: ignore[arg-type]
+            handler,
             config,
             transport=transport,
             clock=self.clock,
@@ -1028,6 +1083,8 @@ class World:
         group = f"worker-{index}"
         self.clock.group = group
         worker.start()
+        if isinstance(worker.runner, Coroutines):  # its threads have not run yet
+            worker.runner.loop.beat = LOOP_BEAT
         self.clock.group = "main"
         running = Running(worker, recorder, group)
         self.workers.append(running)
