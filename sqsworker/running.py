@@ -365,6 +365,8 @@ class Coroutines(Runner):
             log_context.bind(**message.log_context, handler=self.handler.name)
             try:
                 await self.handler(message)  # type: ignore[misc]
+            except GeneratorExit:
+                raise  # closed unfinished, its loop gone (at the process's exit): not settled
             except BaseException as exc:  # CancelledError too: settled, then passed on
                 await self._settle(held, started, exc)
                 if isinstance(exc, asyncio.CancelledError):

@@ -55,7 +55,9 @@ def test_two_workers_process_everything_once_and_poison_reaches_the_dlq(
         assert len(ids) == n
         assert all(started[key] == 1 and done[key] == 1 for key in ids), (kind, started, done)
     failing = [key for key in started if key.startswith("fail")]
-    assert len(failing) == 2 and all(started[key] == 3 for key in failing)  # maxReceiveCount
+    assert len(failing) == 2, started
+    # maxReceiveCount
+    assert all(started[key] == 3 for key in failing), (started, scenario.logs()[-6000:])
     assert scenario.queue.counts().total == 0
     dead = []
     while batch := scenario.dlq.receive(10, 1, 30):

@@ -111,7 +111,9 @@ class SimClock:
         return self._now + self._wall_offset
 
     def spawn(self, name: str, target: Callable[[], object]) -> SimTask:
-        task = SimTask(name, self.group)
+        # A thread started by a simulated one (a pool's, as work comes) is of its process.
+        parent: SimTask | None = getattr(self._local, "task", None)
+        task = SimTask(name, parent.group if parent is not None else self.group)
         task.turn = threading.Condition(self._lock)
         task.thread = threading.Thread(
             target=self._body, args=(task, target), name=f"sim-{name}", daemon=True

@@ -13,6 +13,9 @@ from dataclasses import replace
 
 import pytest
 
+from sqsworker.coroutines import Helpers
+
+from .scheduler import SimClock
 from .world import Schedule, World, draw, run_world, simulate
 
 SEEDS = 200
@@ -58,3 +61,34 @@ def test_schedules_that_once_broke_an_invariant_keep_every_invariant(seed: int) 
     run_world(world)
     violations, schedule = world.violations, world.schedule
     assert not violations, f"seed {seed}: {violations[0]}\n  {schedule.describe()}"
+
+
+def test_a_coroutine_worker_s_helper_threads_are_of_its_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started as work comes, by the loop thread, they are the worker's: a crash freezes
+    them with it, and the drain's check sees any that never ends."""
+    seen: list[tuple[str, str]] = []
+    teardown = SimClock.teardown
+
+    def noting(clock: SimClock) -> None:
+        seen.extend((task.name, task.group) for task in clock.tasks)
+        teardown(clock)
+
+    monkeypatch.setattr(SimClock, "teardown", noting)
+    schedule, violations = simulate(23)  # async def, idempotency keys on a store
+    assert schedule.coroutines and not violations
+    helpers = [(name, group) for name, group in seen if name.startswith("sqsworker-async-helper")]
+    assert helpers and all(group.startswith("worker-") for _, group in helpers), helpers
+
+
+def test_helper_threads_left_waiting_after_the_shutdown_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def forgetful(helpers: Helpers, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        helpers._shut = True  # and no notify: idle threads wait on for ever
+
+    monkeypatch.setattr(Helpers, "shutdown", forgetful)
+    schedule, violations = simulate(30)
+    assert schedule.coroutines
+    assert any("threads never ended" in v for v in violations), violations

@@ -884,6 +884,7 @@ class Running:
     shutdown_result: list[int] = field(default_factory=list)
     crashed: bool = False
     checked: bool = False  # its state after shutdown was checked
+    helpers: Helpers | None = None  # its coroutine handler's, for lease.extend()
 
 
 class World:
@@ -920,7 +921,6 @@ class World:
         self.deleted_by: dict[str, str] = {}  # message id -> the handle whose delete removed it
         self.last_fault_at = -math.inf  # when a fault was last injected (SQS or the store)
         self.free_since: dict[int, float] = {}  # worker -> since when it has had free room
-        self.helpers = Helpers(self.clock, 4, "sim-extend")  # a coroutine's lease.extend()
 
     # -- SQS's side, read directly ---------------------------------------------------
 
@@ -986,7 +986,7 @@ class World:
                     "runs on a live lease"
                 )
 
-    async def coroutine_handler(self, message: Message) -> None:
+    async def coroutine_handler(self, message: Message, helpers: Helpers) -> None:
         """``handler`` as an ``async def``: its waits are ``asyncio.sleep`` on the event
         loop (simulated time), and ``lease.extend()``, which blocks, runs on a helper thread,
         as the docs tell a coroutine to call it."""
@@ -1001,7 +1001,7 @@ class World:
                 asked = self.clock.monotonic()
                 loop = asyncio.get_running_loop()
                 with contextlib.suppress(LeaseLost):
-                    await loop.run_in_executor(self.helpers, message.lease.extend, plan.extend)
+                    await loop.run_in_executor(helpers, message.lease.extend, plan.extend)
                 self._check_extend(message, asked)
                 await asyncio.sleep(duration / 2)
             else:
@@ -1063,10 +1063,16 @@ class World:
         recorder = Recorder(self, index)
         batched = config.batch_size is not None
         transport = SimTransport(self.memory.transport(self.queue_name), self)
+        helpers = Helpers(self.clock, 4, "sim-extend") if self.schedule.coroutines else None
         if batched:
             handler: Any = Handler(self.batch_handler, {}, batch=True)
+        elif helpers is not None:
+
+            async def handler(message: Message) -> None:
+                await self.coroutine_handler(message, helpers)
+
         else:
-            handler = self.coroutine_handler if self.schedule.coroutines else self.handler
+            handler = self.handler
         worker = Worker(
             handler,
             config,
@@ -1086,7 +1092,7 @@ class World:
         if isinstance(worker.runner, Coroutines):  # its threads have not run yet
             worker.runner.loop.beat = LOOP_BEAT
         self.clock.group = "main"
-        running = Running(worker, recorder, group)
+        running = Running(worker, recorder, group, helpers=helpers)
         self.workers.append(running)
         return running
 
@@ -1096,10 +1102,13 @@ class World:
         running.stopped_at = self.clock.monotonic()
         running.worker.request_stop()
         self.clock.group = running.group
-        self.clock.spawn(
-            "shutdown", lambda: running.shutdown_result.append(running.worker.shutdown())
-        )
+        self.clock.spawn("shutdown", lambda: self._shut_down(running))
         self.clock.group = "main"
+
+    def _shut_down(self, running: Running) -> None:
+        running.shutdown_result.append(running.worker.shutdown())
+        if running.helpers is not None:
+            running.helpers.shutdown()
 
     def crash_worker(self, running: Running) -> None:
         if running.stopped_at is not None or running.crashed:

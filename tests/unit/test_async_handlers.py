@@ -548,3 +548,35 @@ def test_a_stop_from_close_is_not_forgotten_when_a_task_exits_in_the_same_pass()
 
 async def _nothing(message: Any) -> None:
     pass
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["no store", "a store"])
+def test_a_coroutine_closed_unfinished_is_no_worker_fault(
+    memory: MemorySQS, clock: FakeClock, keyed: bool
+) -> None:
+    """At a process's exit the garbage collector closes a coroutine left pending: its
+    handler sees GeneratorExit. That is no fault of the worker's, and nothing is settled
+    then (with a store, settling would await a helper thread inside the close)."""
+    started = threading.Event()
+
+    async def handler(message: Message) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    rig = Rig(memory, clock, handler, store=MemoryStore() if keyed else None)
+    rig.send("x")
+    rig.worker.start()
+    assert started.wait(10)
+    runner = rig.worker.runner
+    assert isinstance(runner, Coroutines)
+    (task,) = list(runner.loop._tasks)
+    closed = threading.Event()
+
+    def close_it() -> None:  # as the collector does to a coroutine left pending
+        task.get_coro().close()  # type: ignore[union-attr]
+        closed.set()
+
+    runner.loop._loop.call_soon_threadsafe(close_it)
+    assert closed.wait(10)
+    assert runner.loop._faults == 0 and runner.loop.alive()
+    assert rig.count("failed") == 0 and rig.count("deleted") == 0
