@@ -138,7 +138,9 @@ class EventLoopRunner:
         self._loop, self._ticks = clock.event_loop()
         self._pool = Helpers(clock, self.helpers, "sqsworker-async-helper")
         self._tasks: set[asyncio.Task[None]] = set()
-        self._last_beat = self._ticks.monotonic()
+        # Its first beat is its first step: until then (start() does not wait for the loop
+        # thread to run) it is starting, not stalled.
+        self._last_beat = math.inf
         self._stall = 0.0  # seconds the loop's last stall lasted, measured by its heartbeat
         self._loop_thread: int | None = None  # its ident, to show where it is stuck
         self._dispatching = False

@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import structlog
 
 from sqsworker import Message, Reject, Retry
-from sqsworker.clock import FakeClock, SystemClock
+from sqsworker.clock import FakeClock, SystemClock, Task
 from sqsworker.coroutines import EventLoopRunner
 from sqsworker.errors import TransportError
 from sqsworker.events import Observer
@@ -580,3 +582,33 @@ def test_a_coroutine_closed_unfinished_is_no_worker_fault(
     assert closed.wait(10)
     assert runner.loop._faults == 0 and runner.loop.alive()
     assert rig.count("failed") == 0 and rig.count("deleted") == 0
+
+
+def test_a_loop_whose_thread_has_not_run_yet_is_starting_not_stalled() -> None:
+    """start() does not wait for the loop thread: until its first beat, a late one (a
+    loaded machine) is not reported as a handler blocking the loop."""
+    go = threading.Event()
+    beats: list[float] = []  # the watchdog's waits between its looks
+
+    class SlowToStart(SystemClock):
+        def spawn(self, name: str, target: Callable[[], object]) -> Task:
+            if name != "sqsworker-event-loop":
+                return super().spawn(name, target)
+            return super().spawn(name, lambda: (go.wait(10), target()))
+
+        def wait(self, cond: threading.Condition, deadline: float | None) -> None:
+            if cond is runner._closing:
+                beats.append(self.monotonic())
+            super().wait(cond, deadline)
+
+    stalls = Stalls()
+    runner = EventLoopRunner(1, SlowToStart(), lambda n: [], _nothing, stalls, lambda b: None)
+    runner.start()
+    # The watchdog looks past BLOCKED (0.5 s) while the loop thread has not run.
+    wait_until(lambda: len(beats) > 1 and beats[-1] - beats[0] > 0.75, what="watchdog beats")
+    assert runner.blocked_for() == 0.0 and not stalls.blocked
+    go.set()
+    wait_until(lambda: runner._last_beat < math.inf, timeout=5, what="the first beat")
+    assert runner.blocked_for() == 0.0
+    runner.close()
+    assert not stalls.blocked
