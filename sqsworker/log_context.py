@@ -15,7 +15,7 @@ _making = threading.Lock()
 
 def bind(**fields: Any) -> Mapping[str, Any]:
     """``structlog.contextvars.bind_contextvars``, safe when threads bind a key for the
-    first time at once; reset with ``structlog.contextvars.reset_contextvars``.
+    first time at once; undone with ``unbind``.
 
     structlog makes a key's ``ContextVar`` when the key is first bound, with no lock:
     two handler threads binding ``receive_count`` for the first time at once each make
@@ -30,3 +30,13 @@ def bind(**fields: Any) -> Mapping[str, Any]:
                 structlog.contextvars.reset_contextvars(**made)
                 _bound_keys.update(fresh)
     return structlog.contextvars.bind_contextvars(**fields)
+
+
+def unbind(tokens: Mapping[str, Any]) -> None:
+    """Undo ``bind`` once the handler returned or raised. Its outcome is decided by then:
+    nothing here may change it (an error would make a message that was handled fail and
+    run again), so an error is logged, and the fields are bound afresh for the next one."""
+    try:
+        structlog.contextvars.reset_contextvars(**tokens)
+    except Exception:
+        structlog.get_logger("sqsworker").exception("could not unbind a message's log fields")

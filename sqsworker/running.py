@@ -16,8 +16,6 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from . import batches, coroutines, log_context, tracing
 from .admission import Step
 from .coroutines import EventLoopRunner
@@ -146,19 +144,21 @@ class Threads(Runner):
             if step is not Step.RUN:
                 return step is Step.KEEP
             self.observer.handler_started(message)
+            # Log lines of the handler's own (structlog or stdlib logging) carry these.
+            tokens = log_context.bind(**message.log_context, handler=self.handler.name)
+            error: BaseException | None = None
             try:
-                # Log lines of the handler's own (structlog or stdlib logging) carry these.
-                tokens = log_context.bind(**message.log_context, handler=self.handler.name)
-                try:
-                    result = self.handler(message)
-                finally:
-                    structlog.contextvars.reset_contextvars(**tokens)
+                result = self.handler(message)
                 if inspect.iscoroutine(result):
                     _refuse_coroutine(result, self.handler.name)
             except BaseException as exc:  # SystemExit and the like too: the thread lives on
-                self.settler.settle(held, started, exc)
-            else:
-                self.settler.settle(held, started, None)
+                error = exc
+            # The handler's outcome is decided: no step of ours after it may change it.
+            log_context.unbind(tokens)
+            try:
+                self.settler.settle(held, started, error)
+            finally:
+                del error  # no cycle through the traceback
         return False
 
 
@@ -269,8 +269,7 @@ class Batches(Runner):
                 returned = self.handler(messages)  # type: ignore[arg-type]
         except BaseException as exc:  # SystemExit and the like too: the thread lives on
             raised = exc
-        finally:
-            structlog.contextvars.reset_contextvars(**tokens)
+        log_context.unbind(tokens)  # never the handler's outcome
         outcomes = batches.outcomes(messages, returned, raised)
         cut: set[str | None] = set()  # FIFO groups a message of which failed here
         try:
