@@ -3,6 +3,7 @@ while it runs, so that its own lines carry them too (structlog's ``merge_context
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -35,8 +36,11 @@ def bind(**fields: Any) -> Mapping[str, Any]:
 def unbind(tokens: Mapping[str, Any]) -> None:
     """Undo ``bind`` once the handler returned or raised. Its outcome is decided by then:
     nothing here may change it (an error would make a message that was handled fail and
-    run again), so an error is logged, and the fields are bound afresh for the next one."""
+    run again). On an error, which is logged, the fields are cleared instead, so that no
+    later message's lines carry this one's (a group id the next one lacks, say)."""
     try:
         structlog.contextvars.reset_contextvars(**tokens)
     except Exception:
         structlog.get_logger("sqsworker").exception("could not unbind a message's log fields")
+        with contextlib.suppress(Exception):
+            structlog.contextvars.unbind_contextvars(*tokens)

@@ -362,10 +362,13 @@ class Coroutines(Runner):
             self.observer.handler_started(message)
             # This coroutine runs in a context of its own: the fields stay with it.
             log_context.bind(**message.log_context, handler=self.handler.name)
+            task = asyncio.current_task()
             try:
                 await self.handler(message)  # type: ignore[misc]
-            except GeneratorExit:
-                raise  # closed unfinished, its loop gone (at the process's exit): not settled
+            except GeneratorExit as exc:
+                if not _stepped_by(task):
+                    raise  # closed from outside (the collector, at the process's exit)
+                await self._settle(held, started, exc)  # the handler's own: its failure
             except BaseException as exc:  # CancelledError too: settled, then passed on
                 await self._settle(held, started, exc)
                 if isinstance(exc, asyncio.CancelledError):
@@ -390,6 +393,15 @@ class Coroutines(Runner):
             await self.loop.offload(settler.settle, held, started, error)
         else:
             settler.settle(held, started, error)
+
+
+def _stepped_by(task: asyncio.Task[Any] | None) -> bool:
+    """This code runs in ``task``'s own step: not in a close of its coroutine from outside
+    (the collector's, on any thread, or another task's)."""
+    try:
+        return task is not None and asyncio.current_task() is task
+    except RuntimeError:  # no loop runs on this thread
+        return False
 
 
 def _cancelled(error: BaseException | None) -> bool:

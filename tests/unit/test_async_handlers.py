@@ -557,8 +557,9 @@ def test_a_coroutine_closed_unfinished_is_no_worker_fault(
     memory: MemorySQS, clock: FakeClock, keyed: bool
 ) -> None:
     """At a process's exit the garbage collector closes a coroutine left pending: its
-    handler sees GeneratorExit. That is no fault of the worker's, and nothing is settled
-    then (with a store, settling would await a helper thread inside the close)."""
+    handler sees GeneratorExit. That is no fault of the worker's, and not the handler's
+    failure: the message goes back at once, as a thread's fault hands its message back
+    (with a store, settling would await a helper thread inside the close)."""
     started = threading.Event()
 
     async def handler(message: Message) -> None:
@@ -612,3 +613,38 @@ def test_a_loop_whose_thread_has_not_run_yet_is_starting_not_stalled() -> None:
     assert runner.blocked_for() == 0.0
     runner.close()
     assert not stalls.blocked
+
+
+class Returns(Observer):
+    """Each return SQS took: (delay, reason)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, str]] = []
+
+    def returned(self, messages: Any, delay: float, reason: str) -> None:
+        self.seen.extend((delay, reason) for _ in messages)
+
+
+@pytest.mark.parametrize("shape", ["def", "async def"])
+def test_a_handler_that_raises_generator_exit_itself_is_failed_by_it(
+    memory: MemorySQS, clock: FakeClock, shape: str
+) -> None:
+    """Raised by the handler (a generator's throw, a context manager), not a close from
+    outside: the message's failure, with its backoff, alike for both shapes."""
+
+    def plain(message: Message) -> None:
+        raise GeneratorExit("the handler's own")
+
+    async def coro(message: Message) -> None:
+        await asyncio.sleep(0)
+        raise GeneratorExit("the handler's own")
+
+    returns = Returns()
+    rig = Rig(memory, clock, plain if shape == "def" else coro, observers=[returns])
+    rig.send("x")
+    rig.worker.start()
+    rig.wait_for("returned", 1)
+    assert rig.count("failed") == 1 and rig.count("worker_errors") == 0
+    (delay, reason), *_ = returns.seen
+    assert reason == "retry" and delay > 0  # its backoff, not back at once
+    rig.stop()

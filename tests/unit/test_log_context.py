@@ -16,6 +16,7 @@ import structlog
 import sqsworker
 from sqsworker import Message, log_context
 from sqsworker.clock import FakeClock
+from sqsworker.transports import OutgoingMessage, send_all
 from sqsworker.transports.memory import MemorySQS
 
 from .helpers import Rig
@@ -134,6 +135,39 @@ def test_an_error_of_ours_after_the_handler_returned_leaves_its_outcome(
     rig.worker.start()
     rig.wait_for("deleted", 2)
     assert calls  # it did fail
-    assert rig.count("failed") == 0 and rig.count("step_failed") == 0
+    assert rig.count("failed") == 0 and rig.count("worker_errors") == 0
     assert ran == {"a": 1, "b": 1}
+    assert rig.stop() == 0
+
+
+def test_after_an_unbind_that_failed_no_field_of_that_message_stays_bound(
+    memory: MemorySQS, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A field the first message had and the next has not (a fair queue's group) does not
+    stay bound on the thread once the first one's unbind failed."""
+    seen: dict[str, dict[str, Any]] = {}
+    real_reset = structlog.contextvars.reset_contextvars
+    failed: list[int] = []
+
+    def reset(**tokens: Any) -> None:
+        if not failed and "handler" in tokens:  # the first message's unbind fails, once
+            failed.append(1)
+            raise ValueError("a token made by another ContextVar")
+        real_reset(**tokens)
+
+    def handler(message: Message) -> None:
+        seen[message.body] = structlog.contextvars.get_contextvars()
+
+    rig = Rig(memory, clock, handler, concurrency=1)
+    send_all(rig.queue, [OutgoingMessage("a", group_id="tenant-a")])
+    keys = ("queue", "message_id", "receive_count", "group_id", "handler")
+    real_reset(**log_context.bind(**dict.fromkeys(keys, "warm")))  # every ContextVar made
+    monkeypatch.setattr(structlog.contextvars, "reset_contextvars", reset)
+    rig.worker.start()
+    rig.wait_for("deleted", 1)
+    send_all(rig.queue, [OutgoingMessage("b")])
+    rig.advance_until(lambda: "b" in seen)
+    rig.wait_for("deleted", 2)
+    assert failed and seen["a"]["group_id"] == "tenant-a"
+    assert "group_id" not in seen["b"], seen["b"]
     assert rig.stop() == 0
