@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,13 @@ DEFAULT_METRICS_PORT = 9000  # --metrics-port's default
 # reach the summary from a worker process too when pytest-xdist runs the suite.
 FAULT_REPORT = "fault injection"
 FAULT_REPORTS: list[str] = []
+
+
+def written_lines(path: Path) -> list[str]:
+    """The lines of a file other processes append to, each whole: a line whose write is
+    still under way (read before its newline is there) is not one yet."""
+    text = path.read_text()
+    return text[: text.rfind("\n") + 1].splitlines()
 
 
 def wait_until(

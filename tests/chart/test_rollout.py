@@ -22,7 +22,7 @@ import boto3
 import pytest
 import yaml
 
-from ..conftest import wait_until
+from ..conftest import wait_until, written_lines
 from ..faults.proxy import FaultProxy
 from ..integration.conftest import fresh_sqs
 from .kubelet import ROOT, Pod, PodSpec, image, pod_spec, rolling_update, scaled
@@ -169,7 +169,7 @@ class Cluster:
         path = self.folder / "ledger"
         if not path.exists():
             return []
-        lines = [line.split() for line in path.read_text().splitlines()]
+        lines = [line.split() for line in written_lines(path)]
         return [(event, int(order), int(count)) for event, _, order, count in lines]
 
 

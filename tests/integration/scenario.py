@@ -15,7 +15,7 @@ from sqsworker.local import LocalSQS
 from sqsworker.transports import Transport, send_all
 from sqsworker.transports.sqs import SQSTransport
 
-from ..conftest import unique
+from ..conftest import unique, written_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ class Ledger:
         path.touch()
 
     def lines(self) -> list[list[str]]:
-        return [line.split() for line in self.path.read_text().splitlines()]
+        return [line.split() for line in written_lines(self.path)]
 
     def count(self, event: str, kind: str | None = None) -> Counter[str]:
         return Counter(
