@@ -365,11 +365,9 @@ class Coroutines(Runner):
             task = asyncio.current_task()
             try:
                 await self.handler(message)  # type: ignore[misc]
-            except GeneratorExit as exc:
-                if not _stepped_by(task):
-                    raise  # closed from outside (the collector, at the process's exit)
-                await self._settle(held, started, exc)  # the handler's own: its failure
             except BaseException as exc:  # CancelledError too: settled, then passed on
+                if isinstance(exc, GeneratorExit) and not _stepped_by(task):
+                    raise  # closed from outside (the collector, at the process's exit)
                 await self._settle(held, started, exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise

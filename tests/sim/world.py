@@ -34,7 +34,7 @@ import json
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -937,16 +937,22 @@ class World:
     # -- the handler -------------------------------------------------------------------
 
     def handler(self, message: Message) -> None:
-        number = _number(message)
-        if self.store is not None:
-            self._check_no_overlap(message)
-            self.running_keys[number].append(message)
-            try:
-                self._handle(message)
-            finally:
-                self.running_keys[number].remove(message)
-        else:
+        with self._running_key(message):
             self._handle(message)
+
+    @contextlib.contextmanager
+    def _running_key(self, message: Message) -> Iterator[None]:
+        """With idempotency keys: the handler runs under its key, checked not to overlap
+        another handler of the key on a live lease."""
+        if self.store is None:
+            yield
+            return
+        self._check_no_overlap(message)
+        self.running_keys[_number(message)].append(message)
+        try:
+            yield
+        finally:
+            self.running_keys[_number(message)].remove(message)
 
     def batch_handler(self, messages: list[Message]) -> BatchResult_:
         """Each message's plan in turn, on this thread; those that failed are reported,
@@ -990,11 +996,7 @@ class World:
         """``handler`` as an ``async def``: its waits are ``asyncio.sleep`` on the event
         loop (simulated time), and ``lease.extend()``, which blocks, runs on a helper thread,
         as the docs tell a coroutine to call it."""
-        number, keyed = _number(message), self.store is not None
-        if keyed:
-            self._check_no_overlap(message)
-            self.running_keys[number].append(message)
-        try:
+        with self._running_key(message):
             plan, attempt, duration = self._attempt(message)
             if plan.extend is not None:
                 await asyncio.sleep(duration / 2)
@@ -1007,9 +1009,6 @@ class World:
             else:
                 await asyncio.sleep(duration)
             self._outcome(plan, attempt)
-        finally:
-            if keyed:
-                self.running_keys[number].remove(message)
 
     def _attempt(self, message: Message) -> tuple[Plan, int, float]:
         """The message's plan, which attempt this is, and how long it takes."""
