@@ -190,9 +190,9 @@ class LeaseKeeper:
         self.on_released = on_released
         self.machine = LeaseMachine(delete_interval)  # guarded by _lock, as is every Held
         self._lock = threading.Lock()
-        # The lease thread, stop() and extend() callers wait on _wake; each sender on a
-        # condition of its own (``_ready``): a call queued wakes the idle one that began to
-        # wait last, so while one keeps up, one makes every call (see ``_hand_out``).
+        # The lease thread, stop() and extend() callers wait on _wake; each sender on one
+        # of its own (``_ready``): a call queued wakes the idle one that began to wait last,
+        # so while one keeps up, one makes every call (see ``_hand_out``). All on _lock.
         self._wake = threading.Condition(self._lock)
         # The lease thread waits until then (inf: until woken); -inf while it works.
         self._waiting_until = -math.inf
@@ -227,7 +227,7 @@ class LeaseKeeper:
 
     def add(self, envelopes: Sequence[Envelope], received_at: float, timeout: int) -> list[Held]:
         arrived = [Held(self, e, received_at, timeout) for e in envelopes]
-        with self._wake:
+        with self._lock:
             held = self.machine.received(arrived)  # without messages held already
             self._wake.notify_all()
         return held
@@ -235,7 +235,7 @@ class LeaseKeeper:
     def begin(self, held: Held) -> bool:
         """Mark a waiting message as running; False if it was lost or handed back meanwhile."""
         machine = self.machine
-        with self._wake:
+        with self._lock:
             began = machine.begin(held, self.clock.monotonic())
             if not machine.out:  # nothing to report: the usual case
                 return began
@@ -246,7 +246,7 @@ class LeaseKeeper:
     def still_running(self, held: Held) -> bool:
         """True if ``held`` is running on a lease that has not run out (checked now)."""
         machine = self.machine
-        with self._wake:
+        with self._lock:
             running = machine.still_running(held, self.clock.monotonic())
             if not machine.out:  # nothing to report: the usual case
                 return running
@@ -280,7 +280,7 @@ class LeaseKeeper:
 
     def _answered_within(self, held: Sequence[Held], timeout: float) -> int:
         deadline = self.clock.monotonic() + timeout
-        with self._wake:
+        with self._lock:
             while self.clock.monotonic() < deadline and any(
                 h.state is State.SETTLING for h in held
             ):
@@ -295,7 +295,7 @@ class LeaseKeeper:
         Fewer than a batch are left to fill one while calls are under way: their answers
         free room as soon, and a receive thread calls this each time it finds no room.
         """
-        with self._wake:
+        with self._lock:
             if self.machine.flush(self.clock.monotonic()):
                 self._wake.notify_all()
 
@@ -307,7 +307,7 @@ class LeaseKeeper:
         """Make these messages visible again at once (shutdown). A handler still running
         on one is told its lease is lost from now on; one about to begin cannot."""
         for h in held:
-            with self._wake:
+            with self._lock:
                 # Marked before its return is queued, in one step with the state read:
                 # a begin() in between (a thread that had just taken it) must fail.
                 if self.machine.hand_back(h):
@@ -360,7 +360,7 @@ class LeaseKeeper:
         )
 
     def extend(self, held: Held, seconds: int) -> float:
-        with self._wake:
+        with self._lock:
             target = self.machine.extend(held, seconds, self.clock.monotonic())
             if target is not None:
                 self._wake.notify_all()
@@ -378,7 +378,7 @@ class LeaseKeeper:
 
     def stop(self, give_up_after: float) -> int:
         """Flush what is queued, then end the thread. Returns how many ops stayed unsent."""
-        with self._wake:
+        with self._lock:
             self.machine.stop(self.clock.monotonic(), give_up_after)
             self._wake.notify_all()
             while self._thread is not None and (not self._finished or self._senders_alive):
@@ -386,7 +386,7 @@ class LeaseKeeper:
             return len(self.machine.ops)
 
     def _queue(self, op: Op, allow_lost: bool = False) -> None:
-        with self._wake:
+        with self._lock:
             look_by = self.machine.settle(op, self.clock.monotonic(), allow_lost)
             # Wake the lease thread only if it waits past this op's moment (an op on a
             # busy message goes when that call's answer wakes it) or a batch is full.
@@ -439,7 +439,7 @@ class LeaseKeeper:
         try:
             self._loop()
         finally:
-            with self._wake:
+            with self._lock:
                 self._finished = True  # the senders end once the calls under way are made
                 self._wake.notify_all()
                 for ready in self._ready:
@@ -448,7 +448,7 @@ class LeaseKeeper:
     def _loop(self) -> None:
         machine = self.machine
         while True:
-            with self._wake:
+            with self._lock:
                 now = self.clock.monotonic()
                 if machine.gave_up(now):  # nothing new: the answers under way, then the end
                     if not machine.under_way:
@@ -491,7 +491,7 @@ class LeaseKeeper:
         """A sender thread: make the calls the lease thread queued, one at a time."""
         try:
             while True:
-                with self._wake:
+                with self._lock:
                     while not self._finished and not (
                         self._renewal_calls or (self._settle_calls and not renewals_only)
                     ):
@@ -514,7 +514,7 @@ class LeaseKeeper:
                 del call  # not kept while idle: its messages (bodies up to 1 MiB) would live on
                 progress.idle()
         finally:
-            with self._wake:
+            with self._lock:
                 self._senders_alive -= 1
                 self._wake.notify_all()
 
@@ -534,7 +534,7 @@ class LeaseKeeper:
             if commands:
                 self._carry_out(commands)
         finally:
-            with self._wake:
+            with self._lock:
                 self.machine.ended(call)
                 self._wake.notify_all()  # the lease thread, and extend() callers waiting
                 commands = self._take()
@@ -559,12 +559,12 @@ class LeaseKeeper:
                 )
         except TransportError as exc:
             self.observer.request_failed(action, exc)
-            with self._wake:  # not retryable (AccessDenied, a deleted queue): SQS returns them
+            with self._lock:  # not retryable (AccessDenied, a deleted queue): SQS returns them
                 reason = f"{action} was refused: {exc}"
                 self.machine.settle_failed(call, exc.retryable, reason, self.clock.monotonic())
                 commands = self._take()
         else:
-            with self._wake:
+            with self._lock:
                 self.machine.settled(call, _failures(entries, result), self.clock.monotonic())
                 commands = self._take()
         if commands:
@@ -572,7 +572,7 @@ class LeaseKeeper:
 
     def _renew(self, call: Call) -> None:
         """Renew what is still ours to renew, decided now that the call goes out."""
-        with self._wake:
+        with self._lock:
             by_seconds = self.machine.renewing(call, self.clock.monotonic())
             commands = self._take()
         if commands:
@@ -592,7 +592,7 @@ class LeaseKeeper:
                 now = self.clock.monotonic()
                 self.machine.renewal_failed(batch, seconds, started, exc.retryable, now)
             return
-        with self._wake:
+        with self._lock:
             now = self.clock.monotonic()
             self.machine.renewed(batch, seconds, started, _failures(batch, result), now)
             commands = self._take()

@@ -16,7 +16,7 @@ import math
 import threading
 import uuid
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import TYPE_CHECKING
 
 from .errors import TransportError
@@ -50,12 +50,12 @@ class Room:
     max_deferred: int  # duplicates held for a busy key that take no room, at most
     unanswered: int  # through their handler, delete or return unanswered: held beyond
 
-    @property
+    @cached_property
     def capacity(self) -> int:
         """Waiting or running, at most."""
         return self.slots + self.prefetch_limit
 
-    @property
+    @cached_property
     def batch(self) -> int:
         """A receive waits for room for this many."""
         return min(MAX_BATCH, self.capacity)

@@ -149,7 +149,7 @@ class Threads(Runner):
             error: BaseException | None = None
             try:
                 result = self.handler(message)
-                if inspect.iscoroutine(result):
+                if result is not None and inspect.iscoroutine(result):
                     _refuse_coroutine(result, self.handler.name)
             except BaseException as exc:  # SystemExit and the like too: the thread lives on
                 error = exc
