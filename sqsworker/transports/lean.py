@@ -34,6 +34,7 @@ and decoded here as botocore does (``bytes`` in Python).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -41,6 +42,7 @@ import json
 import math
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -60,6 +62,7 @@ from botocore.validate import validate_parameters
 from urllib3 import HTTPHeaderDict
 
 from ..version import __version__
+from .loopwire import LoopWire
 from .wire import Wire, tls_context
 
 HOT_ACTIONS = frozenset(
@@ -170,6 +173,10 @@ class LeanSQS:
         self.url: str | None = None
         self._signer: Signer | None = None
         self.wire: Wire | None = None  # None: through botocore's session (a proxy applies)
+        self._settings: dict[str, Any] = {}  # the wire's: where it connects, and how
+        # Each event loop's connections (``call_async``), used and closed on that loop.
+        self._loop_wires: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWire]
+        self._loop_wires = weakref.WeakKeyDictionary()
         client.meta.events.register("before-send.sqs", self._learn)
 
     def _learn(self, request: Any, **kwargs: Any) -> None:
@@ -191,7 +198,8 @@ class LeanSQS:
             return
         self.url = f"{parts.scheme}://{parts.netloc}/"
         if self._http._proxy_config.proxy_url_for(self.url) is None:
-            self.wire = _wire(self._http, self.url)
+            self._settings = _wire_settings(self._http, self.url)
+            self.wire = Wire(**self._settings)
         self._signer = Signer(_host(parts.scheme, parts.netloc), scope[2], scope[3])
 
     @property
@@ -224,11 +232,52 @@ class LeanSQS:
     def call(self, action: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """``action`` with ``params`` (botocore's shapes); returns what botocore would,
         without its ``ResponseMetadata``. Raises botocore's exceptions."""
-        signer, url = self._signer, self.url
-        assert signer is not None and url is not None, "learn() has not seen a request"
         if self._credentials is None:
             raise NoCredentialsError()
-        frozen = self._credentials.get_frozen_credentials()
+        body, headers = self._request(action, params, self._credentials.get_frozen_credentials())
+        wire = self.wire
+        if wire is not None:
+            answer = wire.post(_head(headers, body), body)
+            return self._result(action, answer.status, answer.headers, answer.body)
+        # a plain dict of headers: urllib3 takes it, and botocore's session reads it so
+        assert self.url is not None
+        request = AWSPreparedRequest("POST", self.url, cast(Any, headers), body, False)
+        response = self._http.send(request)
+        return self._result(action, response.status_code, response.headers, response.content)
+
+    async def call_async(self, action: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``call`` for code on an event loop: over ``LoopWire`` connections of the
+        running loop, so no thread waits on the answer. Where no such connection applies
+        (a proxy), and while credentials are being refreshed (a call to STS, say), the
+        call is made on a thread instead, so the loop never waits on it."""
+        loop = asyncio.get_running_loop()
+        credentials = self._credentials
+        if self.wire is None or credentials is None:
+            return await loop.run_in_executor(None, self.call, action, params)
+        refresh_needed = getattr(credentials, "refresh_needed", None)
+        if refresh_needed is not None and refresh_needed():
+            frozen = await loop.run_in_executor(None, credentials.get_frozen_credentials)
+        else:
+            frozen = credentials.get_frozen_credentials()
+        body, headers = self._request(action, params, frozen)
+        wire = self._loop_wires.get(loop)
+        if wire is None:
+            wire = self._loop_wires[loop] = LoopWire(**self._settings)
+        answer = await wire.post(_head(headers, body), body)
+        return self._result(action, answer.status, answer.headers, answer.body)
+
+    def close_loop_wire(self) -> None:
+        """Close the connections of the running loop's ``LoopWire`` (on that loop)."""
+        wire = self._loop_wires.pop(asyncio.get_running_loop(), None)
+        if wire is not None:
+            wire.close()
+
+    def _request(
+        self, action: str, params: Mapping[str, Any], frozen: Any
+    ) -> tuple[bytes, dict[str, str]]:
+        """The signed request's body and headers."""
+        signer = self._signer
+        assert signer is not None and self.url is not None, "learn() has not seen a request"
         if frozen.access_key is None or frozen.secret_key is None:
             raise NoCredentialsError()
         if action == "SendMessageBatch":
@@ -253,23 +302,14 @@ class LeanSQS:
             time.time(),
         )
         headers["User-Agent"] = self._agent
-        wire = self.wire
-        if wire is not None:
-            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-            answer = wire.post(
-                f"POST / HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode(),
-                body,
-            )
-            status, content = answer.status, answer.body
-            if status >= 300:
-                self._raise(action, status, HTTPHeaderDict(answer.headers), content)
-        else:
-            # a plain dict of headers: urllib3 takes it, and botocore's session reads it so
-            request = AWSPreparedRequest("POST", url, cast(Any, headers), body, False)
-            response = self._http.send(request)
-            status, content = response.status_code, response.content
-            if status >= 300:
-                self._raise(action, status, response.headers, content)
+        return body, headers
+
+    def _result(self, action: str, status: int, headers: Any, content: bytes) -> dict[str, Any]:
+        """What botocore would return for this answer, or the error it would raise."""
+        if status >= 300:
+            if isinstance(headers, dict):  # a wire's answer's
+                headers = HTTPHeaderDict(headers)
+            self._raise(action, status, headers, content)
         try:
             result: dict[str, Any] = orjson.loads(content) if content else {}
         except orjson.JSONDecodeError:
@@ -306,9 +346,10 @@ class _Canned:
         yield self._body
 
 
-def _wire(http: Any, url: str) -> Wire:
+def _wire_settings(http: Any, url: str) -> dict[str, Any]:
     """Connections to ``url`` as botocore's session ``http`` (a ``URLLib3Session``) makes
-    them: its TLS context and certificate checks, its timeouts, its pool's size."""
+    them: its TLS context and certificate checks, its timeouts, its pool's size (for a
+    ``Wire`` or a ``LoopWire``)."""
     parts = urlsplit(url)
     secure = parts.scheme == "https"
     timeout = http._timeout  # seconds, or urllib3's Timeout(connect, read)
@@ -316,15 +357,21 @@ def _wire(http: Any, url: str) -> Wire:
         connect = read = float(timeout)
     else:
         connect, read = timeout.connect_timeout, timeout.read_timeout
-    return Wire(
-        url,
-        parts.hostname or "",
-        parts.port or (443 if secure else 80),
-        context=tls_context(http._verify, http._cert_file, http._key_file) if secure else None,
-        connect_timeout=connect,
-        read_timeout=read,
-        max_idle=http._max_pool_connections,
-    )
+    return {
+        "url": url,
+        "host": parts.hostname or "",
+        "port": parts.port or (443 if secure else 80),
+        "context": tls_context(http._verify, http._cert_file, http._key_file) if secure else None,
+        "connect_timeout": connect,
+        "read_timeout": read,
+        "max_idle": http._max_pool_connections,
+    }
+
+
+def _head(headers: Mapping[str, str], body: bytes) -> bytes:
+    """The request line and headers of a signed POST of ``body``, ending in a blank line."""
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return f"POST / HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode()
 
 
 def _loads(content: bytes, status: int) -> dict[str, Any]:

@@ -11,6 +11,8 @@ and every botocore error leaves this module as an sqsworker error.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import os
@@ -18,7 +20,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import boto3
@@ -47,6 +49,7 @@ from . import (
     QueueInfo,
     check_batch,
 )
+from .answers import batch_result, envelopes, error_code, unreadable
 
 if TYPE_CHECKING:
     from .lean import LeanSQS
@@ -82,11 +85,6 @@ QUEUE_MISSING_CODES = frozenset({"QueueDoesNotExist", "NonExistentQueue"})
 ENTRY_FAULT_CODES = frozenset(
     {"InvalidParameterValue", "ReceiptHandleIsInvalid", "MessageNotInflight"}
 )
-
-
-def error_code(raw: object) -> str:
-    """SQS's error code without the "AWS.SimpleQueueService." prefix some endpoints add."""
-    return str(raw or "").removeprefix("AWS.SimpleQueueService.")
 
 
 def translate(exc: Exception, action: str) -> Exception:
@@ -267,39 +265,14 @@ class SQSTransport:
     def _call(
         self, action: str, method: Callable[..., T], attempts: int | None = None, /, **kwargs: Any
     ) -> T:
-        attempts = attempts or self.attempts
-        attempt = 1
-        reached = False  # a try may have been acted on: so may the call, whatever comes next
+        tries = Tries(self, action, attempts)
         while True:
-            self.requests[action] += 1
+            tries.begin()
             try:
                 return method(**kwargs)
-            except (ClientError, BotoCoreError) as exc:
-                error = translate(exc, action)
-                code = getattr(error, "code", None) or type(error).__name__
-                self.request_errors[action, code] += 1
-                if isinstance(error, TransportError):
-                    reached = reached or not error.unapplied
-                    error.unapplied = not reached
-                if not (isinstance(error, TransportError) and error.retryable):
-                    raise error from exc
-                if attempt >= attempts:
-                    raise error from exc
-            except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
-                # botocore's parser on a 200 of JSON in no shape SQS answers with
-                error = unreadable(action, repr(exc))
-                reached = True
-                self.request_errors[action, UNANSWERED] += 1
-                if attempt >= attempts:
-                    raise error from exc
-            delay = min(RETRY_FIRST * 2 ** (attempt - 1), RETRY_MOST) + random.uniform(
-                0, RETRY_JITTER
-            )
-            _log.warning(
-                "SQS request failed; retrying (attempt %d) in %.2f s: %s", attempt, delay, error
-            )
+            except FAULTS as exc:
+                delay = tries.failed(exc)
             time.sleep(delay)
-            attempt += 1
 
     def _hot(self, action: str, method: Callable[..., T]) -> Callable[..., T]:
         """The lean client's ``action`` once it knows where and how to send, else botocore's."""
@@ -317,6 +290,17 @@ class SQSTransport:
         visibility_timeout: int,
         attempt_id: str | None = None,
     ) -> list[Envelope]:
+        kwargs = self.receive_params(max_messages, wait_seconds, visibility_timeout, attempt_id)
+        # One attempt: the caller dates the leases of what it returns from the start of
+        # the attempt, so a retry must be the caller's (the worker's receive loop backs off).
+        response = self._call(
+            "ReceiveMessage", self._hot("ReceiveMessage", self.client.receive_message), 1, **kwargs
+        )
+        return envelopes(response)
+
+    def receive_params(
+        self, max_messages: int, wait_seconds: int, visibility_timeout: int, attempt_id: str | None
+    ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "QueueUrl": self.info.url,
             "MaxNumberOfMessages": max_messages,
@@ -327,30 +311,7 @@ class SQSTransport:
         }
         if attempt_id is not None and self.info.fifo:
             kwargs["ReceiveRequestAttemptId"] = attempt_id
-        # One attempt: the caller dates the leases of what it returns from the start of
-        # the attempt, so a retry must be the caller's (the worker's receive loop backs off).
-        response = self._call(
-            "ReceiveMessage", self._hot("ReceiveMessage", self.client.receive_message), 1, **kwargs
-        )
-        messages = response.get("Messages", [])
-        if not isinstance(messages, list) or not all(map(_a_message, messages)):
-            # What it returned stays hidden for the visibility timeout, then comes back.
-            raise unreadable("ReceiveMessage", f"Messages: {messages!r}")
-        # A message named again in one answer (SQS never does so) counts once, as a batch
-        # entry does: its first naming.
-        named: dict[str, Any] = {}
-        for m in messages:
-            named.setdefault(m["ReceiptHandle"], m)
-        return [
-            Envelope(
-                message_id=m["MessageId"],
-                receipt_handle=m["ReceiptHandle"],
-                body=m.get("Body", ""),
-                attributes=dict(m.get("Attributes", {})),
-                message_attributes=dict(m.get("MessageAttributes", {})),
-            )
-            for m in named.values()
-        ]
+        return kwargs
 
     def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
         check_batch([entry_id for entry_id, _ in entries])
@@ -360,7 +321,7 @@ class SQSTransport:
             QueueUrl=self.info.url,
             Entries=[{"Id": i, "ReceiptHandle": h} for i, h in entries],
         )
-        return _batch_result("DeleteMessageBatch", response, [i for i, _ in entries])
+        return batch_result("DeleteMessageBatch", response, [i for i, _ in entries])
 
     def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
         check_batch([entry_id for entry_id, _, _ in entries])
@@ -371,9 +332,7 @@ class SQSTransport:
                     "ChangeMessageVisibilityBatch", self.client.change_message_visibility_batch
                 ),
                 QueueUrl=self.info.url,
-                Entries=[
-                    {"Id": i, "ReceiptHandle": h, "VisibilityTimeout": s} for i, h, s in entries
-                ],
+                Entries=_visibility_entries(entries),
             )
         except TransportError as exc:
             # Some endpoints refuse the whole call for one bad entry (e.g. past the 12-hour
@@ -388,7 +347,7 @@ class SQSTransport:
                 result.succeeded += part.succeeded
                 result.failed += part.failed
             return result
-        return _batch_result("ChangeMessageVisibilityBatch", response, [i for i, _, _ in entries])
+        return batch_result("ChangeMessageVisibilityBatch", response, [i for i, _, _ in entries])
 
     def send_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
         check_batch([str(i) for i in range(len(messages))])
@@ -411,7 +370,7 @@ class SQSTransport:
             Entries=entries,
         )
         ids = [entry["Id"] for entry in entries]
-        return _batch_result("SendMessageBatch", response, ids, sends=True)
+        return batch_result("SendMessageBatch", response, ids, sends=True)
 
     def counts(self) -> QueueCounts:
         names = [
@@ -429,6 +388,91 @@ class SQSTransport:
         visible, in_flight, delayed = (int(raw.get(n, 0)) for n in names)
         return QueueCounts(visible, in_flight, delayed)
 
+    # -- the hot calls, for code on an event loop -----------------------------------
+
+    async def receive_async(
+        self,
+        max_messages: int,
+        wait_seconds: int,
+        visibility_timeout: int,
+        attempt_id: str | None = None,
+    ) -> list[Envelope]:
+        """``receive``, awaited: over the lean client's connections of the running loop,
+        so no thread waits on it (else botocore's call, on a thread)."""
+        kwargs = self.receive_params(max_messages, wait_seconds, visibility_timeout, attempt_id)
+        method = self._hot_async("ReceiveMessage", self.client.receive_message)
+        return envelopes(await self._call_async("ReceiveMessage", method, 1, **kwargs))
+
+    async def delete_batch_async(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        check_batch([entry_id for entry_id, _ in entries])
+        response = await self._call_async(
+            "DeleteMessageBatch",
+            self._hot_async("DeleteMessageBatch", self.client.delete_message_batch),
+            QueueUrl=self.info.url,
+            Entries=[{"Id": i, "ReceiptHandle": h} for i, h in entries],
+        )
+        return batch_result("DeleteMessageBatch", response, [i for i, _ in entries])
+
+    async def change_visibility_batch_async(
+        self, entries: Sequence[tuple[str, str, int]]
+    ) -> BatchResult:
+        check_batch([entry_id for entry_id, _, _ in entries])
+        action = "ChangeMessageVisibilityBatch"
+        try:
+            response = await self._call_async(
+                action,
+                self._hot_async(action, self.client.change_message_visibility_batch),
+                QueueUrl=self.info.url,
+                Entries=_visibility_entries(entries),
+            )
+        except TransportError as exc:
+            if exc.code not in ENTRY_FAULT_CODES:  # else split, as change_visibility_batch
+                raise
+            if len(entries) == 1:
+                return BatchResult(failed=[EntryFailure(entries[0][0], exc.code, str(exc))])
+            result = BatchResult()
+            for entry in entries:
+                part = await self.change_visibility_batch_async([entry])
+                result.succeeded += part.succeeded
+                result.failed += part.failed
+            return result
+        return batch_result(action, response, [i for i, _, _ in entries])
+
+    def close_on_loop(self) -> None:
+        """Close the running loop's connections (on that loop, as it ends)."""
+        if self.lean is not None:
+            self.lean.close_loop_wire()
+
+    async def _call_async(
+        self,
+        action: str,
+        method: Callable[..., Awaitable[T]],
+        attempts: int | None = None,
+        /,
+        **kwargs: Any,
+    ) -> T:
+        tries = Tries(self, action, attempts)
+        while True:
+            tries.begin()
+            try:
+                return await method(**kwargs)
+            except FAULTS as exc:
+                delay = tries.failed(exc)
+            await asyncio.sleep(delay)
+
+    def _hot_async(self, action: str, method: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+        """The lean client's ``action`` on the running loop once it knows where and how
+        to send, else botocore's call on a thread."""
+        lean = self.lean
+        if lean is not None and lean.ready:
+            return lambda **kwargs: lean.call_async(action, kwargs)
+
+        def on_thread(**kwargs: Any) -> Awaitable[Any]:
+            call = functools.partial(method, **kwargs)
+            return asyncio.get_running_loop().run_in_executor(None, call)
+
+        return on_thread
+
     def open(self, queue: str) -> SQSTransport:
         return self._bind(queue, owns_client=False)
 
@@ -440,6 +484,53 @@ class SQSTransport:
 
 
 _log = logging.getLogger("sqsworker.transport")
+
+# What a try of a call may raise: botocore's faults, and its parser's on an answer of JSON
+# in no shape SQS answers with.
+FAULTS = (ClientError, BotoCoreError, AttributeError, TypeError, KeyError, ValueError, IndexError)
+
+
+class Tries:
+    """One call's tries (``attempts``, else the transport's): each counted, a failure
+    translated, and retried after a backoff while it is retryable and tries are left. A
+    call is ``unapplied`` only while no try of it may have been acted on."""
+
+    def __init__(self, transport: SQSTransport, action: str, attempts: int | None) -> None:
+        self.transport, self.action = transport, action
+        self.attempts = attempts or transport.attempts
+        self.attempt = 0
+        self.reached = False  # a try may have been acted on: so may the call
+
+    def begin(self) -> None:
+        self.attempt += 1
+        self.transport.requests[self.action] += 1
+
+    def failed(self, exc: Exception) -> float:
+        """The seconds to wait before the next try; raises the error when none is left."""
+        action, errors = self.action, self.transport.request_errors
+        if isinstance(exc, ClientError | BotoCoreError):
+            error = translate(exc, action)
+            code = getattr(error, "code", None) or type(error).__name__
+            errors[action, code] += 1
+            if isinstance(error, TransportError):
+                self.reached = self.reached or not error.unapplied
+                error.unapplied = not self.reached
+            if not (isinstance(error, TransportError) and error.retryable):
+                raise error from exc
+        else:  # botocore's parser on a 200 of JSON in no shape SQS answers with
+            error = unreadable(action, repr(exc))
+            self.reached = True
+            errors[action, UNANSWERED] += 1
+        if self.attempt >= self.attempts:
+            raise error from exc
+        delay: float = min(RETRY_FIRST * 2.0 ** (self.attempt - 1), RETRY_MOST)
+        delay += random.uniform(0, RETRY_JITTER)
+        _log.warning(
+            "SQS request failed; retrying (attempt %d) in %.2f s: %s", self.attempt, delay, error
+        )
+        return delay
+
+
 _AWS_QUEUE_URL = re.compile(r"https://sqs\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?/")
 
 
@@ -501,83 +592,5 @@ def _queue_info(url: str, raw: Mapping[str, str]) -> QueueInfo:
     )
 
 
-def _a_message(m: object) -> bool:
-    """Whether ``m`` is a message as SQS answers one (the lean client hands on the JSON
-    as it came: a null is None there, where botocore leaves the key out)."""
-    return (
-        isinstance(m, Mapping)
-        and isinstance(m.get("MessageId"), str)
-        and isinstance(m.get("ReceiptHandle"), str)
-        and isinstance(m.get("Body", ""), str)
-        and isinstance(m.get("Attributes", {}), Mapping)
-        and isinstance(m.get("MessageAttributes", {}), Mapping)
-    )
-
-
-def unreadable(action: str, detail: str) -> TransportError:
-    """An answer in no shape SQS gives (a proxy's or a stub's): SQS may have acted or not,
-    as when the answer is lost; tried again."""
-    return TransportError(
-        f"{action} was answered with what SQS never answers ({detail[:200]}): check that "
-        "the endpoint is SQS",
-        code=UNANSWERED,
-        retryable=True,
-    )
-
-
-def _batch_result(
-    action: str, response: Mapping[str, Any], ids: Sequence[str], sends: bool = False
-) -> BatchResult:
-    """A batch call's answer, over the entries of ``ids`` alone. One it names neither
-    successful nor failed, or both, or (``sends``) successful without a MessageId failed
-    (``UNANSWERED``, SQS's fault: tried again), never counted done: botocore reads a 200
-    whose body is no JSON (a captive portal, a broken proxy) as an answer naming no entry,
-    and a renewal, delete or send taken as done then would be a lease lapsing unseen, a
-    message run again, or a message lost. Entries of no id of the call, and an id named
-    again, are not read: the callers find each entry by its id. An entry that is no object
-    with a text Id (botocore's parser fails on some such) fails the call (``unreadable``)."""
-    asked = set(ids)
-    succeeded: dict[str, Mapping[str, Any]] = {}
-    unsure: dict[str, str] = {}  # id -> why it counts as not answered
-    for entry in _entries(action, response, "Successful", asked):
-        if entry["Id"] in succeeded or entry["Id"] in unsure:
-            continue  # named again: its first naming counts
-        if sends and not isinstance(entry.get("MessageId"), str):
-            unsure[entry["Id"]] = "the answer named it sent without a MessageId"
-        else:
-            succeeded[entry["Id"]] = entry
-    failed: dict[str, EntryFailure] = {}
-    for entry in _entries(action, response, "Failed", asked):
-        failed.setdefault(
-            entry["Id"],
-            EntryFailure(
-                id=entry["Id"],
-                code=error_code(entry.get("Code")),
-                message=str(entry.get("Message", "")),
-                sender_fault=entry.get("SenderFault") is True,
-            ),
-        )
-    for entry_id in failed.keys() & (succeeded.keys() | unsure.keys()):
-        succeeded.pop(entry_id, None)  # which one holds is not known
-        del failed[entry_id]
-        unsure[entry_id] = "the answer named it both successful and failed"
-    for entry_id in ids:
-        if entry_id not in succeeded and entry_id not in failed:
-            unsure.setdefault(entry_id, "the answer named it neither successful nor failed")
-    result = BatchResult(succeeded=list(succeeded), failed=list(failed.values()))
-    result.failed += [EntryFailure(i, UNANSWERED, why, False) for i, why in unsure.items()]
-    if sends:
-        result.message_ids = {i: e["MessageId"] for i, e in succeeded.items()}
-    return result
-
-
-def _entries(
-    action: str, response: Mapping[str, Any], key: str, ids: set[str]
-) -> list[Mapping[str, Any]]:
-    """The answer's entries under ``key`` that name one of ``ids``."""
-    entries = response.get(key, [])
-    if not isinstance(entries, list) or not all(
-        isinstance(e, Mapping) and isinstance(e.get("Id"), str) for e in entries
-    ):
-        raise unreadable(action, f"{key}: {entries!r}")
-    return [e for e in entries if e["Id"] in ids]
+def _visibility_entries(entries: Sequence[tuple[str, str, int]]) -> list[dict[str, Any]]:
+    return [{"Id": i, "ReceiptHandle": h, "VisibilityTimeout": s} for i, h, s in entries]

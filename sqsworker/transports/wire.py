@@ -59,12 +59,12 @@ from botocore.exceptions import (
 )
 from botocore.httpsession import create_urllib3_context, get_cert_path
 
+from .http11 import Answer, AnswerReader
+
 if sys.platform == "linux":  # with TCP_INFO: how many bytes a socket holds unread
     import fcntl
     import termios
 
-_LINE_MOST = 65_536  # bytes in a status or header line
-_HEADERS_MOST = 100  # header lines in an answer
 _READ_SIZE = 65_536  # bytes asked of the socket at a time
 IDLE_CHECK = 1.0  # seconds idle after which a connection is polled before it is reused
 # Linux's struct tcp_info, up to tcpi_bytes_received (Linux 4.1): its first byte is the
@@ -72,15 +72,6 @@ IDLE_CHECK = 1.0  # seconds idle after which a connection is polled before it is
 _TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
 _TCP_INFO_SIZE = 136
 _ESTABLISHED = 1
-
-
-class Answer:
-    """An HTTP answer: its status, its headers (names in lower case) and its body."""
-
-    __slots__ = ("body", "headers", "status")
-
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self.status, self.headers, self.body = status, headers, body
 
 
 def tls_context(verify: Any, cert_file: str | None, key_file: str | None) -> ssl.SSLContext:
@@ -280,7 +271,6 @@ class _Connection:
         self._sock = sock
         self._url = url
         self._read_timeout = read_timeout
-        self._buffer = bytearray()  # read from the socket, not yet taken
         self._used = time.monotonic()  # when its last answer ended
         self._read = 0  # bytes read from the socket (a plain one)
         # What TCP_INFO said it had received when its last answer ended (plain: the bytes
@@ -292,8 +282,6 @@ class _Connection:
         """Nothing to read while idle: an idle connection readable was closed by the
         endpoint (or sent what no request asked for). Idle less than IDLE_CHECK, TCP_INFO
         tells: still established, and nothing received since its last answer."""
-        if self._buffer:
-            return False
         if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
             return False
         try:
@@ -333,8 +321,7 @@ class _Connection:
             keep = False
         if keep:
             keep = self._nothing_past_the_answer()
-        # bytes after the answer answer no request: the connection carries no other
-        return answer, keep and not self._buffer
+        return answer, keep
 
     def _nothing_past_the_answer(self) -> bool:
         """Whether the connection, its answer read, holds nothing more (so it may carry
@@ -384,116 +371,19 @@ class _Connection:
             socket.socket.shutdown(self._sock, socket.SHUT_RDWR)  # the descriptor's, not TLS
 
     def _answer(self) -> tuple[Answer, bool]:
-        line = self._line()
-        if not line:
-            raise ConnectionClosedError(endpoint_url=self._url)
-        version, _, rest = line.partition(b" ")
-        try:
-            status = int(rest[:3])
-        except ValueError:
-            raise self._garbled(f"the status line {line[:100]!r}") from None
-        if not version.startswith(b"HTTP/1.") or not 100 <= status <= 599:
-            raise self._garbled(f"the status line {line[:100]!r}")
-        headers: dict[str, str] = {}
-        for _ in range(_HEADERS_MOST):
-            line = self._line()
-            if line in (b"\r\n", b"\n"):
-                break
-            if not line:
-                raise ConnectionClosedError(endpoint_url=self._url)
-            name, colon, value = line.partition(b":")
-            if not colon:
-                raise self._garbled(f"a header line {line[:100]!r}")
-            key = name.strip().lower().decode("latin-1")
-            text = value.strip().decode("latin-1")
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
-        else:
-            raise self._garbled(f"more than {_HEADERS_MOST} header lines")
-        keep = version == b"HTTP/1.1" and "close" not in headers.get("connection", "").lower()
-        if 100 <= status < 200:
-            raise self._garbled(f"an interim answer ({status}) to a request that asked none")
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            body = self._chunked()
-        elif "content-length" in headers:
-            text = headers["content-length"]
-            if not text.isdigit():
-                raise self._garbled(f"Content-Length {text!r}")
-            body = self._exactly(int(text))
-        else:  # the body ends where the connection does
-            body, keep = self._rest(), False
-            if self.late:  # that end may be the deadline's shutdown: the body may be cut
-                raise TimeoutError("the answer's end was its deadline")
-        return Answer(status, headers, body), keep
-
-    def _chunked(self) -> bytes:
-        parts: list[bytes] = []
+        reader = AnswerReader(self._url)
         while True:
-            size_line = self._line()
-            if not size_line.endswith(b"\n"):  # the connection ended inside the framing
-                raise ConnectionClosedError(endpoint_url=self._url)
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                size = -1
-            if size < 0:
-                raise self._garbled(f"a chunk size {size_line[:100]!r}")
-            if size == 0:
-                while (line := self._line()) not in (b"\r\n", b"\n"):  # trailers
-                    if not line.endswith(b"\n"):  # the connection ended before the last
-                        raise ConnectionClosedError(endpoint_url=self._url)
-                return b"".join(parts)
-            chunk = self._exactly(size + 2)
-            if not chunk.endswith(b"\r\n"):  # more (or less) than the chunk's size said
-                raise self._garbled(f"a chunk of {size} bytes followed by {chunk[size:]!r}")
-            parts.append(chunk[:size])
-
-    def _fill(self) -> bool:
-        """Read what the socket has into the buffer (DEADLINES ends a wait past the
-        deadline); False at the end of the connection."""
-        data = self._sock.recv(_READ_SIZE)
-        if not data:
-            return False
-        self._read += len(data)
-        self._buffer += data
-        return True
-
-    def _line(self) -> bytes:
-        """The next line with its end; what is left if the connection ends first."""
-        buffer, start = self._buffer, 0
-        while True:
-            end = buffer.find(b"\n", start)
-            if end >= 0:
-                if end >= _LINE_MOST:
-                    break
-                line = bytes(buffer[: end + 1])
-                del buffer[: end + 1]
-                return line
-            if len(buffer) > _LINE_MOST:
+            data = self._sock.recv(_READ_SIZE)  # DEADLINES ends a wait past the deadline
+            if not data:
+                reader.end()  # raises if that cut the answer short
+                if self.late:  # that end may be the deadline's shutdown: the body may be cut
+                    raise TimeoutError("the answer's end was its deadline")
                 break
-            start = len(buffer)
-            if not self._fill():
-                line = bytes(buffer)
-                buffer.clear()
-                return line
-        raise self._garbled("a line longer than 64 KiB")
-
-    def _exactly(self, size: int) -> bytes:
-        while len(self._buffer) < size:
-            if not self._fill():
-                raise ConnectionClosedError(endpoint_url=self._url)
-        data = bytes(self._buffer[:size])
-        del self._buffer[:size]
-        return data
-
-    def _rest(self) -> bytes:
-        while self._fill():
-            pass
-        data = bytes(self._buffer)
-        self._buffer.clear()
-        return data
-
-    def _garbled(self, what: str) -> HTTPClientError:
-        return HTTPClientError(error=ValueError(f"{what} from {self._url} is not HTTP/1.1"))
+            self._read += len(data)
+            if reader.feed(data):
+                break
+        assert reader.answer is not None
+        return reader.answer, reader.keep
 
     def close(self) -> None:
         # no DEADLINES.disarm here: a Wire's finalizer closes its idle connections (never

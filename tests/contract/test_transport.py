@@ -7,25 +7,28 @@ real behaviour is tested on the in-memory transport in tests/unit.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import pytest
 
 from sqsworker.clock import FakeClock
 from sqsworker.errors import QueueNotFound, TransportError
 from sqsworker.local import LocalSQS
-from sqsworker.transports import Envelope, OutgoingMessage, Transport, send_all
+from sqsworker.transports import BatchResult, Envelope, OutgoingMessage, Transport, send_all
 from sqsworker.transports.memory import MemorySQS
 from sqsworker.transports.sqs import SQSTransport
 
 from ..conftest import unique, wait_until
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -35,6 +38,8 @@ class Env:
     clock: FakeClock | None = None
     server: LocalSQS | None = None
     sqs_client: str | None = None  # at moto's server: the client of the hot calls
+    loop: asyncio.AbstractEventLoop | None = None  # the hot calls awaited on this loop
+    on_loop: list[OnLoop] = field(default_factory=list)
 
     def queue(
         self, name: str, *, max_receive_count: int | None = None, **attributes: str
@@ -55,7 +60,10 @@ class Env:
         )
         # the lean client took the hot calls over, or botocore's has them all
         assert (transport.lean is not None and transport.lean.ready) == (self.sqs_client != "boto3")
-        return transport
+        if self.loop is None:
+            return transport
+        self.on_loop.append(OnLoop(transport, self.loop))
+        return self.on_loop[-1]
 
     @property
     def client(self) -> dict[str, str]:
@@ -127,21 +135,66 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.fixture(params=["memory", "moto", "moto-boto3", "moto-server"])
+class OnLoop:
+    """A transport whose hot calls are its ``*_async`` ones, awaited on ``loop`` (running
+    on a thread of its own): what a coroutine worker's event loop calls."""
+
+    def __init__(self, inner: SQSTransport, loop: asyncio.AbstractEventLoop) -> None:
+        self.inner, self.loop = inner, loop
+        self.info = inner.info
+
+    def _await(self, call: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(call, self.loop).result(60)
+
+    def receive(
+        self, max_messages: int, wait: int, vis: int, attempt_id: str | None = None
+    ) -> list[Envelope]:
+        return self._await(self.inner.receive_async(max_messages, wait, vis, attempt_id))
+
+    def delete_batch(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        return self._await(self.inner.delete_batch_async(entries))
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        return self._await(self.inner.change_visibility_batch_async(entries))
+
+    def __getattr__(self, name: str) -> Any:  # the calls a worker makes on its threads
+        return getattr(self.inner, name)
+
+
+@pytest.fixture(params=["memory", "moto", "moto-boto3", "moto-server", "moto-loop"])
 def env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
     """The in-memory SQS; the embedded SQS of ``sqsworker local`` (moto's server) through
-    the default client (the lean one for the hot calls), and through botocore's client
-    alone; and moto's own server in a process of its own, through the default client."""
+    the default client (the lean one for the hot calls), through botocore's client alone,
+    and through the lean client's calls awaited on an event loop; and moto's own server
+    in a process of its own, through the default client."""
     if request.param == "memory":
         clock = FakeClock()
         yield Env("memory", memory=MemorySQS(clock), clock=clock)
-    else:
-        fixture = "plain_moto" if request.param == "moto-server" else "local_sqs"
-        server: LocalSQS = request.getfixturevalue(fixture)
-        for key, value in server.env().items():
-            monkeypatch.setenv(key, value)
-        client = "boto3" if request.param == "moto-boto3" else None
+        return
+    fixture = "plain_moto" if request.param == "moto-server" else "local_sqs"
+    server: LocalSQS = request.getfixturevalue(fixture)
+    for key, value in server.env().items():
+        monkeypatch.setenv(key, value)
+    client = "boto3" if request.param == "moto-boto3" else None
+    if request.param != "moto-loop":
         yield Env("moto", server=server, sqs_client=client)
+        return
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    env = Env("moto", server=server, loop=loop)
+    try:
+        yield env
+    finally:
+        for transport in env.on_loop:  # its connections, closed on their loop
+            transport._await(_closed_on_loop(transport.inner))
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+async def _closed_on_loop(transport: SQSTransport) -> None:
+    transport.close_on_loop()
 
 
 def test_receive_returns_body_and_attributes_and_hides_the_message(env: Env) -> None:

@@ -23,8 +23,8 @@ from sqsworker.stores import STORE_CALL_LIMIT, Lease, Record, State, open_store
 from sqsworker.stores.memory import MemoryStore
 from sqsworker.stores.sqlite import SQLiteStore
 from sqsworker.transports import BatchResult, Envelope, OutgoingMessage, send_all
+from sqsworker.transports.answers import batch_result
 from sqsworker.transports.memory import MemorySQS, MemoryTransport
-from sqsworker.transports.sqs import _batch_result
 
 from ..conftest import wait_until
 from .helpers import Rig
@@ -481,11 +481,11 @@ class LostAnswers(MemoryTransport):
 
 class AppliedUnnamed(MemoryTransport):
     """Renewals that SQS applies, answered by a 200 that names no entry (a proxy's page
-    that botocore reads as ``{}``), read by the SQS transport's own ``_batch_result``."""
+    that botocore reads as ``{}``), read by the SQS transport's own ``batch_result``."""
 
     def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
         super().change_visibility_batch(entries)
-        return _batch_result(
+        return batch_result(
             "ChangeMessageVisibilityBatch", {}, [entry_id for entry_id, _, _ in entries]
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqsworker.lease_machine import LeaseMachine
 from sqsworker.lease_state import Entry
-from sqsworker.transports.sqs import _batch_result
+from sqsworker.transports.answers import batch_result
 
 T0 = 1000.0
 
@@ -15,7 +15,7 @@ def test_an_unnamed_renewal_counts_as_maybe_applied_like_a_lost_answer() -> None
     it did: right), but SQS may have applied it, exactly as when the whole call's answer
     is lost: ``may_hold`` must reach the end SQS may have set, as ``renewal_failed``
     (retryable) makes it."""
-    unnamed = _batch_result("ChangeMessageVisibilityBatch", {}, ["0"])
+    unnamed = batch_result("ChangeMessageVisibilityBatch", {}, ["0"])
     lost = LeaseMachine(delete_interval=0.2)
     entry_lost = Entry("h1", T0, 30)
     lost.received([entry_lost])

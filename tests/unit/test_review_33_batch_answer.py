@@ -1,5 +1,5 @@
 """Review 33: a batch answer that names one id twice, once with a MessageId and once
-without (``_batch_result``, commit 887798a): "an id named twice counts once"."""
+without (``batch_result``, commit 887798a): "an id named twice counts once"."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ import pytest
 from sqsworker.producer import Producer
 from sqsworker.transports import QueueInfo
 from sqsworker.transports import sqs as sqs_module
-from sqsworker.transports.sqs import SQSTransport, _batch_result
+from sqsworker.transports.answers import batch_result
+from sqsworker.transports.sqs import SQSTransport
 
 # A 200 whose Successful names entry 0 twice: once as SQS would, once without its MessageId.
 TWICE = {"Successful": [{"Id": "0", "MessageId": "m-1", "MD5OfMessageBody": "x"}, {"Id": "0"}]}
 
 
 def test_an_id_named_twice_is_never_both_succeeded_and_failed() -> None:
-    result = _batch_result("SendMessageBatch", TWICE, ["0"], sends=True)
+    result = batch_result("SendMessageBatch", TWICE, ["0"], sends=True)
     failed = [f.id for f in result.failed]
     assert not set(result.succeeded) & set(failed), (
         f"entry 0 is counted both sent ({result.succeeded}, MessageId "
