@@ -25,13 +25,14 @@ import sys
 import threading
 import traceback
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import structlog
 
 from .clock import Clock
 from .events import Observer
+from .room import MAX_POLLS
 
 BEAT = 0.25  # seconds between the loop's heartbeats
 BLOCKED = 0.5  # a heartbeat this late means a handler blocked the loop: logged
@@ -137,6 +138,8 @@ class EventLoopRunner:
         # The loop, and the clock it keeps time by (its heartbeat, the watchdog's waits).
         self._loop, self._ticks = clock.event_loop()
         self._pool = Helpers(clock, self.helpers, "sqsworker-async-helper")
+        # A transport with no calls of its own for a loop receives on these (one each).
+        self._receives = Helpers(clock, MAX_POLLS, "sqsworker-receive")
         self._tasks: set[asyncio.Task[None]] = set()
         # Its first beat is its first step: until then (start() does not wait for the loop
         # thread to run) it is starting, not stalled.
@@ -171,6 +174,44 @@ class EventLoopRunner:
         late = self._ticks.monotonic() - self._last_beat - self.beat
         return late if late >= min(BLOCKED, allowance) else 0.0
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def keeps(self, clock: Clock) -> bool:
+        """The loop keeps ``clock``'s time: a wait on it is a wait of the worker's."""
+        return self._ticks is clock
+
+    def start_tasks(self, coroutines: list[Coroutine[Any, Any, None]]) -> None:
+        """Run ``coroutines`` on the loop, beside the handlers' (the receives)."""
+
+        def begin() -> None:
+            for coroutine in coroutines:
+                task = self._loop.create_task(coroutine)
+                self._tasks.add(task)
+                task.add_done_callback(self._ended)
+
+        self._loop.call_soon_threadsafe(begin)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "a task of the worker's on the event loop failed", error=repr(task.exception())
+            )
+
+    async def receive(
+        self, transport: Any, asked: int, wait: int, visibility: int, attempt: str | None
+    ) -> list[Any]:
+        """``transport.receive``, awaited: the transport's own call for a loop if it has
+        one (``receive_async``: no thread waits on it), else on a thread of its own."""
+        on_loop = getattr(transport, "receive_async", None)
+        if on_loop is not None:
+            got: list[Any] = await on_loop(asked, wait, visibility, attempt)
+            return got
+        call = functools.partial(transport.receive, asked, wait, visibility, attempt)
+        return await self._loop.run_in_executor(self._receives, call)
+
     async def offload(self, func: Callable[..., T], *args: Any) -> T:
         """``func(*args)`` on a helper thread, in this coroutine's context (its span and
         log fields), so a call that blocks does not stall the loop."""
@@ -196,6 +237,7 @@ class EventLoopRunner:
                 self._wait_for(done, self._ticks.monotonic() + timeout)
                 self._loop.call_soon_threadsafe(self._loop.stop)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._receives.shutdown(wait=False, cancel_futures=True)
 
     # -- the threads ----------------------------------------------------------------
 

@@ -8,19 +8,30 @@ ten messages of capacity), each asking for as many as the room left. A receive w
 for room for a full batch, unless handler threads would otherwise sit idle: then it
 asks for what fits. After a failure, receives pause (1, 2, 4 ... 30 s); a receive under
 way at the shutdown is waited out, and what it brings is handed back.
+
+A coroutine worker's receives are coroutines on its event loop instead of threads, the
+same steps with the loop's waits (``_receive_on_loop``), awaiting the transport's call
+for a loop (the lean client's ``receive_async``: no thread waits on a socket, and none
+hands the GIL to another for it). The rooms, counts and wake-ups are the same, under the
+same lock.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import threading
 import uuid
-from dataclasses import dataclass
-from functools import cached_property, partial
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import structlog
 
 from .errors import TransportError
 from .health import Progress
+from .room import Pace, Room
 from .transports import MAX_BATCH, UNANSWERED
 
 if TYPE_CHECKING:
@@ -29,7 +40,7 @@ if TYPE_CHECKING:
     from .events import Observer
     from .inbox import Inbox
     from .lease import Held, LeaseKeeper
-    from .transports import Transport
+    from .transports import Envelope, Transport
 
 IDLE_PAUSE = 1.0  # between empty receives when --wait-time is 0
 BURST_WAIT = 1  # long-poll seconds in burst mode: an empty queue ends the run promptly
@@ -38,40 +49,63 @@ REPLAYED = (
     "ReceiveMessage was answered with messages held already, under the same receipt handles "
     "(SQS never answers so; a proxy replaying answers does): check that the endpoint is SQS"
 )
-MAX_POLLS = 32  # receives under way at once, at most
+# Past the end of a long poll, the longest a receive on the event loop is waited for at
+# the shutdown: more than the client's read timeout beyond it (10 s) and a connect (5 s).
+LOOP_GRACE = 20.0
+T = TypeVar("T")
+log = structlog.get_logger("sqsworker")
 
 
-@dataclass(frozen=True)
-class Room:
-    """How many messages a worker holds, and so how many it asks for."""
-
-    slots: int  # may run at once: one per handler thread, or a batch each
-    prefetch_limit: int  # waiting beyond the running ones, at most
-    max_deferred: int  # duplicates held for a busy key that take no room, at most
-    unanswered: int  # through their handler, delete or return unanswered: held beyond
-
-    @cached_property
-    def capacity(self) -> int:
-        """Waiting or running, at most."""
-        return self.slots + self.prefetch_limit
-
-    @cached_property
-    def batch(self) -> int:
-        """A receive waits for room for this many."""
-        return min(MAX_BATCH, self.capacity)
+class LoopIO(Protocol):
+    """An event loop a coroutine worker's receives run on (``EventLoopRunner``)."""
 
     @property
-    def pollers(self) -> int:
-        """One receive thread per batch of capacity: all of it can be asked for at once."""
-        return max(1, min(MAX_POLLS, math.ceil(self.capacity / MAX_BATCH)))
+    def loop(self) -> asyncio.AbstractEventLoop: ...
 
-    @property
-    def held_bound(self) -> int:
-        return self.capacity + self.max_deferred + self.unanswered
+    def start_tasks(self, coroutines: list[Coroutine[Any, Any, None]]) -> None: ...
+
+    async def receive(
+        self, transport: Transport, asked: int, wait: int, visibility: int, attempt: str | None
+    ) -> list[Envelope]: ...
+
+    async def offload(self, func: Callable[..., T], *args: Any) -> T: ...
+
+
+class _LoopWaker:
+    """A receive on the event loop waiting for room: ``notify`` wakes it from any thread
+    (``Receiver.wake``, as a receive thread's condition is notified)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._event = asyncio.Event()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def notify(self) -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._event.set()
+        else:
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    async def wait(self, timeout: float) -> None:
+        """Until notified, or ``timeout`` seconds (inf: until notified). A millisecond at
+        least: the loop runs a timer due within its clock's resolution at once, so a wait
+        for less could end before the time it waits for, again and again."""
+        if timeout == math.inf:
+            await self._event.wait()
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), max(timeout, 0.001))
 
 
 class Receiver:
-    """The receive threads. Their counts live under the inbox's lock."""
+    """The receive threads, or the receives on a coroutine worker's event loop. Their
+    counts live under the inbox's lock."""
 
     def __init__(
         self,
@@ -96,6 +130,7 @@ class Receiver:
         self.alive = 0  # receive threads running
         self._transport: Transport | None = None
         self._keeper: LeaseKeeper | None = None
+        self._loop: LoopIO | None = None  # the event loop the receives run on, if any
         # Under inbox.lock:
         self._polls = 0  # receives under way
         self._asked = 0  # messages they asked for: room taken until they are answered
@@ -106,7 +141,7 @@ class Receiver:
         # Each receive thread waits for room on a condition of its own (on inbox.lock);
         # those waiting, the last to begin its wait last: wake() wakes that one.
         self._conditions = [threading.Condition(inbox.lock) for _ in range(room.pollers)]
-        self._idle: list[threading.Condition] = []
+        self._idle: list[threading.Condition | _LoopWaker] = []
         self._woken = False  # one of them was woken by wake() and is not back yet
         self._failures = 0  # receives failed in a row
         # Since when the receives have failed in a row (None while SQS answers), and why.
@@ -117,10 +152,14 @@ class Receiver:
         self._failed_attempts: list[str] = []
         self._returned_at_stop: list[Held] = []  # what polls returned once closing began
 
-    def start(self, transport: Transport, keeper: LeaseKeeper) -> None:
-        self._transport, self._keeper = transport, keeper
+    def start(self, transport: Transport, keeper: LeaseKeeper, loop: LoopIO | None = None) -> None:
+        """Start the receives: on threads of their own, or as coroutines on ``loop``."""
+        self._transport, self._keeper, self._loop = transport, keeper, loop
         self.inbox.wake_receiver = self.wake
         self.alive = self.room.pollers
+        if loop is not None:
+            loop.start_tasks([self._receive_on_loop(i, loop) for i in range(self.room.pollers)])
+            return
         for index in range(self.room.pollers):
             self.clock.spawn(f"sqsworker-receiver-{index}", partial(self._receive, index))
 
@@ -156,12 +195,23 @@ class Receiver:
         What they brought once closing began, to be handed back."""
         with self.inbox.lock:
             polls = list(self._polls_began.values())
+        ends = self.clock.monotonic()
         if polls:
             ends = max(began for began, _ in polls) + self.wait_time()
             self.observer.receives_awaited(len(polls), ends - self.clock.monotonic())
+        # On an event loop, a receive ends only while the loop runs: one a handler blocks
+        # past every receive's read timeout is not waited for (what its receive brought
+        # stays hidden for the visibility timeout, then comes back).
+        give_up = ends + LOOP_GRACE if self._loop is not None else None
         with self.inbox.lock:
             while self.alive:
-                self.clock.wait(self.inbox.slots, None)
+                if give_up is not None and self.clock.monotonic() >= give_up:
+                    log.error(
+                        "receives on the event loop did not end: a handler blocks the loop",
+                        receives=self.alive,
+                    )
+                    break
+                self.clock.wait(self.inbox.slots, give_up)
             returned, self._returned_at_stop = self._returned_at_stop, []
         return returned
 
@@ -180,30 +230,116 @@ class Receiver:
                 finally:
                     self._answered(index, full=False)  # if nothing did: room never leaks
         finally:
-            with self.inbox.lock:
-                self.alive -= 1
-                self.inbox.slots.notify_all()
+            self._ended()
 
     def _poll(self, index: int, asked: int, progress: Progress) -> bool:
         """One receive of ``asked`` messages; False when this receive thread is done."""
-        assert self._transport is not None and self._keeper is not None
-        transport, wait, lock = self._transport, self.wait_time(), self.inbox.lock
-        with lock:
-            # The leases of what this receive returns count from when its room was taken:
-            # before SQS hid them.
-            began, _ = self._polls_began[index]
-            attempt_id = None
-            if transport.info.fifo:
-                attempt_id = self._failed_attempts.pop() if self._failed_attempts else None
-                attempt_id = attempt_id or uuid.uuid4().hex
-        progress.step(wait + self.config.stall_timeout)
+        assert self._transport is not None
+        began, attempt_id, wait = self._begin_poll(index, progress)
         try:
-            envelopes = transport.receive(asked, wait, self.config.visibility_timeout, attempt_id)
+            envelopes = self._transport.receive(
+                asked, wait, self.config.visibility_timeout, attempt_id
+            )
             if not envelopes and wait > 0:
                 _check_waited(self.clock.monotonic() - began, wait)
         except Exception as exc:  # the loop outlives every error; what it got is safe
             self._failed(index, began, attempt_id, exc)
             return True
+        outcome = self._received(index, asked, began, envelopes)
+        if outcome is not None:
+            return outcome
+        if self._empty(index, wait) and self._queue_is_empty():
+            return self._burst_ends()
+        return True
+
+    # -- a receive on an event loop -------------------------------------------------------
+
+    async def _receive_on_loop(self, index: int, loop: LoopIO) -> None:
+        """``_receive``, as a coroutine on the event loop of a coroutine worker: its waits
+        are the loop's, and its receive is awaited there (``loop.receive``), so no thread
+        waits on it."""
+        progress, waker = self.progress[index], _LoopWaker(loop.loop)
+        try:
+            while True:
+                asked = await self._await_room_on_loop(index, progress, waker)
+                if asked == 0:
+                    return
+                try:
+                    if not await self._poll_on_loop(index, asked, progress, loop):
+                        return
+                finally:
+                    self._answered(index, full=False)
+        finally:
+            self._ended()
+
+    async def _poll_on_loop(self, index: int, asked: int, progress: Progress, loop: LoopIO) -> bool:
+        assert self._transport is not None
+        began, attempt_id, wait = self._begin_poll(index, progress)
+        try:
+            envelopes = await loop.receive(
+                self._transport, asked, wait, self.config.visibility_timeout, attempt_id
+            )
+            if not envelopes and wait > 0:
+                _check_waited(self.clock.monotonic() - began, wait)
+        except Exception as exc:
+            self._failed(index, began, attempt_id, exc)
+            return True
+        outcome = self._received(index, asked, began, envelopes)
+        if outcome is not None:
+            return outcome
+        if self._empty(index, wait) and await loop.offload(self._queue_is_empty):
+            return self._burst_ends()
+        return True
+
+    async def _await_room_on_loop(self, index: int, progress: Progress, waker: _LoopWaker) -> int:
+        lock = self.inbox.lock
+        with lock:
+            progress.idle()
+        while True:
+            with lock:
+                asked, until = self._room_or_wait(index)
+                if until is None:
+                    return asked
+                waker.clear()
+                self._idle.append(waker)
+            try:
+                await waker.wait(until - self.clock.monotonic())
+            finally:
+                with lock:
+                    if waker in self._idle:
+                        self._idle.remove(waker)
+                    self._woken = False
+
+    # -- what a receive thread and a receive on a loop share ------------------------------
+
+    def _ended(self) -> None:
+        with self.inbox.lock:
+            self.alive -= 1
+            self.inbox.slots.notify_all()
+
+    def _begin_poll(self, index: int, progress: Progress) -> tuple[float, str | None, int]:
+        """When the receive's room was taken, its FIFO attempt id, and its long poll."""
+        assert self._transport is not None
+        wait = self.wait_time()
+        with self.inbox.lock:
+            # The leases of what this receive returns count from when its room was taken:
+            # before SQS hid them.
+            began, _ = self._polls_began[index]
+            attempt_id = None
+            if self._transport.info.fifo:
+                attempt_id = self._failed_attempts.pop() if self._failed_attempts else None
+                attempt_id = attempt_id or uuid.uuid4().hex
+        progress.step(wait + self.config.stall_timeout)
+        return began, attempt_id, wait
+
+    def _received(
+        self, index: int, asked: int, began: float, envelopes: list[Envelope]
+    ) -> bool | None:
+        """What a receive returned, held and queued to run: False once shutdown began
+        meanwhile (what it brought is to be handed back, and the receive thread is done),
+        None when it returned nothing (``_empty``)."""
+        assert self._keeper is not None
+        lock = self.inbox.lock
         held = (
             self._keeper.add(envelopes, began, self.config.visibility_timeout) if envelopes else []
         )
@@ -220,7 +356,7 @@ class Receiver:
         if since is not None:
             self.observer.sqs_answered_again(self.clock.monotonic() - since)
         if not envelopes:
-            return self._empty(index, wait)
+            return None
         self.observer.received([h.message for h in held])
         with lock:
             # Room taken by the ask becomes room taken by the messages, in one step: the
@@ -257,14 +393,17 @@ class Receiver:
         self.observer.sqs_unanswered(failing_for, str(exc))
 
     def _empty(self, index: int, wait: int) -> bool:
-        """A receive came back empty; False when burst mode ends here."""
+        """A receive came back empty. True in burst mode: the caller looks whether the
+        queue is empty (``_queue_is_empty``), and if so ends the burst."""
         with self.inbox.lock:
             if wait == 0:  # no long poll to pace the receives
                 self._paused_until = self.clock.monotonic() + IDLE_PAUSE
             self._answered(index, full=False)
         self.observer.receive_empty()
-        if not (self.config.burst and self._queue_is_empty()):
-            return True
+        return self.config.burst
+
+    def _burst_ends(self) -> bool:
+        """Burst mode found the queue empty: the worker stops. False (the receive is done)."""
         with self.inbox.lock:
             first = not self.stopping.is_set()
             self.stopping.set()
@@ -299,27 +438,34 @@ class Receiver:
         and beyond a batch per sender, those through their handler with their delete or
         return not yet answered.
         """
-        assert self._keeper is not None
-        inbox = self.inbox
-        with inbox.lock:
+        with self.inbox.lock:
             progress.idle()  # waiting on the handlers is not being stuck
-            while not self.stopping.is_set():
-                if self.clock.monotonic() < self._paused_until:
-                    self._wait(index, self._paused_until)
-                    continue
-                asked, flush = self._look()
-                if asked:
-                    self._polls += 1
-                    self._asked += asked
-                    self._polls_began[index] = (self.clock.monotonic(), asked)
-                    self.wake()  # the next thread, if another receive is worth making
+            while True:
+                asked, until = self._room_or_wait(index)
+                if until is None:
                     return asked
-                if flush:
-                    # Only unanswered deletes and returns stand in the way: send them now
-                    # rather than after --delete-interval, so the handlers are not starved.
-                    self._keeper.flush()
-                self._wait(index, None)
-            return 0
+                self._wait(index, None if until == math.inf else until)
+
+    def _room_or_wait(self, index: int) -> tuple[int, float | None]:
+        """How many the receive asks for now, with None; or 0 and until when it waits for
+        room (inf: until woken). 0 and None when stopping. Under inbox.lock."""
+        assert self._keeper is not None
+        if self.stopping.is_set():
+            return 0, None
+        if self.clock.monotonic() < self._paused_until:
+            return 0, self._paused_until
+        asked, flush = self._look()
+        if asked:
+            self._polls += 1
+            self._asked += asked
+            self._polls_began[index] = (self.clock.monotonic(), asked)
+            self.wake()  # the next thread, if another receive is worth making
+            return asked, None
+        if flush:
+            # Only unanswered deletes and returns stand in the way: send them now
+            # rather than after --delete-interval, so the handlers are not starved.
+            self._keeper.flush()
+        return 0, math.inf
 
     def _wait(self, index: int, deadline: float | None) -> None:
         """Wait for room (or until ``deadline``), among the idle for ``wake``. Under
@@ -408,40 +554,3 @@ def _check_waited(waited: float, wait: int) -> None:
             code=UNANSWERED,
             retryable=True,
         )
-
-
-class Pace:
-    """A message's time on its handler thread and a receive's round trip, smoothed, for
-    --prefetch auto.
-
-    ``ahead()`` is how many messages the handler threads would finish while one receive
-    is under way if none of them waited: held beyond the running ones (waiting, or asked
-    for by receives under way), they keep every thread busy until it returns. It counts
-    what the threads could do, not what they did: a pace measured while they waited for
-    messages would hold fewer and keep them waiting. The caller serialises the calls (the
-    inbox's lock).
-    """
-
-    WEIGHT = 0.3  # of each new round trip in the smoothed one
-    TOOK_WEIGHT = 0.05  # of each message's time: one message is a noisy measure
-
-    def __init__(self, concurrency: int) -> None:
-        self.concurrency = concurrency
-        self.took = 0.0  # seconds a message keeps its handler thread
-        self.trip = 0.0  # seconds a receive that returned messages took
-
-    def finished(self, seconds: float) -> None:
-        self.took = _smooth(self.took, max(seconds, 1e-6), self.TOOK_WEIGHT)
-
-    def answered(self, seconds: float) -> None:
-        self.trip = _smooth(self.trip, seconds, self.WEIGHT)
-
-    def ahead(self) -> int:
-        if self.took == 0:
-            return 0
-        return math.ceil(self.concurrency * self.trip / self.took)
-
-
-def _smooth(old: float, new: float, weight: float) -> float:
-    """An exponentially weighted mean; the first measure stands alone."""
-    return new if old == 0 else old + weight * (new - old)

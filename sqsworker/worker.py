@@ -30,7 +30,8 @@ from .inbox import Inbox
 from .lease import MAX_SENDERS, LeaseKeeper
 from .payloads import Payloads, RemoveAfterDelete
 from .policies import Backoff
-from .receiving import Pace, Receiver, Room
+from .receiving import Receiver
+from .room import Pace, Room
 from .running import Batches, Coroutines, Runner, Threads, helper_threads
 from .settling import Settler
 from .transports import MAX_BATCH, Transport
@@ -217,7 +218,12 @@ class Worker:
         self.runner = self._runner(self.keeper)
         self.runner.start()
         self.observer.worker_started(self.transport.info, self.config)
-        self.receiver.start(self.transport, self.keeper)
+        # A coroutine worker's receives run on its event loop, if the loop keeps the
+        # worker's time (a test's fake clock is not the loop's: there they run on threads).
+        runner = self.runner
+        loop = runner.loop if isinstance(runner, Coroutines) else None
+        on_loop = loop if loop is not None and loop.keeps(self.clock) else None
+        self.receiver.start(self.transport, self.keeper, on_loop)
         self._started = True
 
     def _runner(self, keeper: LeaseKeeper) -> Runner:

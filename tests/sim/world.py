@@ -34,9 +34,9 @@ import json
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from sqsworker import Backoff, Handler, Message, Reject, Retry, Worker, WorkerConfig
 from sqsworker import BatchResult as BatchResult_
@@ -66,6 +66,10 @@ from .scheduler import SimClock, SimStuck
 LOOP_BEAT = 30.0
 
 READ_TIMEOUT_EXTRA = 10  # the boto3 client's read timeout is the wait time plus this
+T = TypeVar("T")
+# What a simulated call yields: seconds to wait, or the service's act (which may block,
+# as a long poll does: on a thread of its own when the call is awaited on a loop).
+Step = float | Callable[[], Any]
 TRANSIENT = ("InternalError", "ServiceUnavailable", "RequestThrottled")
 EVERY_ACTION = frozenset(
     {"ReceiveMessage", "DeleteMessageBatch", "ChangeMessageVisibilityBatch", "GetQueueAttributes"}
@@ -172,6 +176,10 @@ class Schedule:
     hide_redrive: bool = False  # the workers read no redrive policy (added after they started)
     floods: dict[int, int] = field(default_factory=dict)  # extra copies of one busy key
     coroutines: bool = False  # an async def handler: the plans run as coroutines
+    # Its receives on the loop: awaited as the lean client's are (``receive_async``), or
+    # the transport's blocking receive on a thread of the loop's (no replayed answers
+    # then: one the loop takes after the worker let a message go is a new delivery to it).
+    offloaded: bool = False
 
     @property
     def calm(self) -> bool:
@@ -188,6 +196,7 @@ class Schedule:
             f"messages {dict(kinds)}, faults {self.faults}, stops {self.stops}, "
             f"crashes {self.crashes}, idempotency keys {self.keyed}, copies {sorted(self.copies)}"
             + (", async def" if self.coroutines else "")
+            + (" (receives offloaded)" if self.offloaded else "")
             + (
                 f", hostile {self.hostile} (count {self.reported_count}, redrive hidden "
                 f"{self.hide_redrive}), floods {self.floods}"
@@ -348,8 +357,12 @@ def draw(seed: int) -> Schedule:
     _draw_hostile(schedule, random.Random(f"hostile {seed}"))
     # Now and then an async def handler (not a batch one: those are def), its coroutines
     # on the worker's event loop, up to --concurrency at once. Drawn apart too.
-    if random.Random(f"coroutines {seed}").random() < 0.2 and "batch_size" not in config:
+    drawn = random.Random(f"coroutines {seed}")
+    if drawn.random() < 0.2 and "batch_size" not in config:
         schedule.coroutines = True
+        schedule.offloaded = drawn.random() < 0.3
+        if schedule.offloaded:
+            schedule.faults = replace(schedule.faults, replay_rate=0.0)
     return schedule
 
 
@@ -420,6 +433,18 @@ def _duration(rng: random.Random, visibility: int) -> float:
 # -- the simulated parts ------------------------------------------------------------------
 
 
+def _slept(steps: Generator[Step, Any, T], sleep: Callable[[float], object]) -> T:
+    """What ``steps`` returns, sleeping each wait it yields and making each call."""
+    value: Any = None
+    try:
+        while True:
+            step = steps.send(value)
+            value = step() if callable(step) else sleep(step)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
 class SimTransport:
     """The in-memory SQS seen through a faulty network, one attempt per call."""
 
@@ -434,6 +459,9 @@ class SimTransport:
         self.last: list[Envelope] = []  # the last answer to a receive that held messages
         # The receipt handles the worker holds (set once the worker is made).
         self.holds: Callable[[], Collection[str]] = frozenset
+        if world.schedule.offloaded:  # no call of its own for a loop: a thread's, there
+            self.receive_async = None
+        self._service: Helpers | None = None  # where a receive awaited on a loop long-polls
 
     def _fault(self, action: str) -> TransportError | None:
         faults, clock = self.world.faults, self.world.clock
@@ -471,18 +499,22 @@ class SimTransport:
         return self.world.clock.rng.choice([0.02, 0.02, faults.latency])
 
     def _call(self, action: str, act: Callable[[], Any]) -> Any:
-        """One attempt: latency, the server acting, and maybe an error before or after."""
+        return _slept(self._call_steps(action, act), self.world.clock.sleep)
+
+    def _call_steps(self, action: str, act: Callable[[], Any]) -> Generator[Step, Any, Any]:
+        """One attempt: latency, the server acting, and maybe an error before or after;
+        yields the seconds to wait in between (a thread sleeps them, a coroutine awaits)."""
         clock = self.world.clock
         fault = self._fault(action)
         latency = self._latency()
         acted_first = clock.rng.random() < 0.5  # a fault after the server acted: answer lost
         # SQS checks permissions before it acts: an AccessDenied never did anything.
         if fault is not None and (not acted_first or fault.code == "AccessDenied"):
-            clock.sleep(latency)
+            yield latency
             raise fault
-        clock.sleep(latency / 2)
-        result = act()
-        clock.sleep(latency / 2)
+        yield latency / 2
+        result = yield act
+        yield latency / 2
         if fault is not None:
             if action == "ReceiveMessage":  # received, never seen: a receive spent
                 for envelope in result:
@@ -497,17 +529,52 @@ class SimTransport:
         visibility_timeout: int,
         attempt_id: str | None = None,
     ) -> list[Envelope]:
+        steps = self._receive_steps(max_messages, wait_seconds, visibility_timeout, attempt_id)
+        return _slept(steps, self.world.clock.sleep)
+
+    async def receive_async(
+        self,
+        max_messages: int,
+        wait_seconds: int,
+        visibility_timeout: int,
+        attempt_id: str | None = None,
+    ) -> list[Envelope]:
+        """``receive`` as the lean client's on the loop: its waits are the loop's, and the
+        in-memory SQS's long poll waits on a thread (SQS's own wait, not the worker's)."""
+        steps = self._receive_steps(max_messages, wait_seconds, visibility_timeout, attempt_id)
+        loop = asyncio.get_running_loop()
+        if self._service is None:
+            self._service = Helpers(self.world.clock, 32, "sim-sqs")
+        value: Any = None
+        try:
+            while True:
+                step = steps.send(value)
+                if callable(step):
+                    value = await loop.run_in_executor(self._service, step)
+                else:
+                    value = await asyncio.sleep(step)
+        except StopIteration as done:
+            got: list[Envelope] = done.value
+            return got
+
+    def _receive_steps(
+        self,
+        max_messages: int,
+        wait_seconds: int,
+        visibility_timeout: int,
+        attempt_id: str | None,
+    ) -> Generator[Step, Any, list[Envelope]]:
         clock, faults = self.world.clock, self.world.faults
         if faults.on and clock.rng.random() < faults.hang_rate:
             self.world.last_fault_at = clock.monotonic() + wait_seconds + READ_TIMEOUT_EXTRA
-            clock.sleep(wait_seconds + READ_TIMEOUT_EXTRA)
+            yield wait_seconds + READ_TIMEOUT_EXTRA
             raise TransportError(
                 "ReceiveMessage: read timeout", code="ConnectionError", retryable=True
             )
         page = self._page()
         if page is not None:  # a proxy's page, read as an empty answer, back at once or not
             self.world.last_fault_at = clock.monotonic()
-            clock.sleep(self._latency())
+            yield self._latency()
             if page:  # the proxy forwarded it: SQS long-polled and hid what it returned
                 for envelope in self.inner.receive(
                     max_messages, wait_seconds, visibility_timeout, attempt_id
@@ -517,12 +584,12 @@ class SimTransport:
             return []
         replay = self._replay()
         if replay and clock.rng.random() < 0.5:  # the replay alone, if still held
-            clock.sleep(self._latency())
+            yield self._latency()
             replayed = self._held_of_last()
             if replayed:
                 self.world.last_fault_at = clock.monotonic()  # the receives rightly pause
                 return replayed
-        got: list[Envelope] = self._call(
+        got: list[Envelope] = yield from self._call_steps(
             "ReceiveMessage",
             lambda: self.inner.receive(max_messages, wait_seconds, visibility_timeout, attempt_id),
         )
@@ -643,7 +710,8 @@ class SimTransport:
         return SimTransport(self.inner.open(queue), self.world)
 
     def close(self) -> None:
-        pass
+        if self._service is not None:  # its threads end once idle
+            self._service.shutdown(cancel_futures=True)
 
 
 class SimStore:
@@ -1185,6 +1253,11 @@ class World:
             if running.crashed or running.stopped_at is not None or not worker.started:
                 continue
             receiver = worker.receiver
+            if receiver.stopping.is_set():
+                continue
+            if receiver._loop is not None:
+                self._check_loop_wakeups(running)
+                continue
             waiting = [
                 task
                 for task in self.clock.live()
@@ -1192,8 +1265,6 @@ class World:
                 and task.name.startswith("sqsworker-receiver")
                 and any(task.cond is c for c in receiver._conditions)
             ]
-            if receiver.stopping.is_set():
-                continue
             now = self.clock.monotonic()
             if receiver._woken and not any(
                 t.woken or (t.deadline is not None and t.deadline <= now) for t in waiting
@@ -1215,6 +1286,27 @@ class World:
                     f"worker {running.recorder.index}: {len(parked)} receive thread(s) asleep "
                     f"while a receive of {asked} is possible"
                 )
+
+    def _check_loop_wakeups(self, running: Running) -> None:
+        """``_check_wakeups`` for receives on the event loop: with every thread parked, the
+        loop has run every wake-up it was sent, so none is counted as woken, and none
+        waits untimed while a receive it would make is possible."""
+        receiver, index = running.worker.receiver, running.recorder.index
+        now = self.clock.monotonic()
+        loop = [t for t in self.clock.live() if t.group == running.group]
+        loop = [t for t in loop if t.name == "sqsworker-event-loop"]
+        if any(t.woken or (t.deadline is not None and t.deadline <= now) for t in loop):
+            return  # the loop has wake-ups to run still
+        if receiver._woken:
+            self.violation(f"worker {index}: a receive on the loop counted as woken, none woken")
+        if not receiver._idle or now < receiver._paused_until:
+            return  # the paused ones wait by the clock
+        asked, _ = receiver._look()
+        if asked:
+            self.violation(
+                f"worker {index}: {len(receiver._idle)} receive(s) on the loop asleep "
+                f"while a receive of {asked} is possible"
+            )
 
     def _check_hand_over(self) -> None:
         """No message waits in line past its hand-over unwatched: with every thread

@@ -46,7 +46,7 @@ def _world(faults: Faults) -> tuple[SimpleNamespace, SimTransport, MemorySQS]:
     memory = MemorySQS(clock)
     memory.create_queue("jobs")
     world = SimpleNamespace(
-        schedule=SimpleNamespace(hide_redrive=False),
+        schedule=SimpleNamespace(hide_redrive=False, offloaded=False),
         queue_name="jobs",
         faults=faults,
         clock=clock,
