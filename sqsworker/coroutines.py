@@ -32,7 +32,6 @@ import structlog
 
 from .clock import Clock
 from .events import Observer
-from .room import MAX_POLLS
 
 BEAT = 0.25  # seconds between the loop's heartbeats
 BLOCKED = 0.5  # a heartbeat this late means a handler blocked the loop: logged
@@ -138,8 +137,6 @@ class EventLoopRunner:
         # The loop, and the clock it keeps time by (its heartbeat, the watchdog's waits).
         self._loop, self._ticks = clock.event_loop()
         self._pool = Helpers(clock, self.helpers, "sqsworker-async-helper")
-        # A transport with no calls of its own for a loop receives on these (one each).
-        self._receives = Helpers(clock, MAX_POLLS, "sqsworker-receive")
         self._tasks: set[asyncio.Task[None]] = set()
         # Its first beat is its first step: until then (start() does not wait for the loop
         # thread to run) it is starting, not stalled.
@@ -150,6 +147,7 @@ class EventLoopRunner:
         self._looping = False
         self._faults = 0  # coroutines that ended in a fault of the worker's own
         self._closed = threading.Event()
+        self.at_end: list[Callable[[asyncio.AbstractEventLoop], None]] = []  # on its thread
         self._closing = threading.Condition()  # the watchdog waits on it between beats
 
     # -- for the worker -------------------------------------------------------------
@@ -203,14 +201,10 @@ class EventLoopRunner:
     async def receive(
         self, transport: Any, asked: int, wait: int, visibility: int, attempt: str | None
     ) -> list[Any]:
-        """``transport.receive``, awaited: the transport's own call for a loop if it has
-        one (``receive_async``: no thread waits on it), else on a thread of its own."""
-        on_loop = getattr(transport, "receive_async", None)
-        if on_loop is not None:
-            got: list[Any] = await on_loop(asked, wait, visibility, attempt)
-            return got
-        call = functools.partial(transport.receive, asked, wait, visibility, attempt)
-        return await self._loop.run_in_executor(self._receives, call)
+        """``transport.receive``, awaited on the loop (``receive_async``: no thread waits
+        on it). Only a transport that ``receives_on_loop`` runs its receives here."""
+        got: list[Any] = await transport.receive_async(asked, wait, visibility, attempt)
+        return got
 
     async def offload(self, func: Callable[..., T], *args: Any) -> T:
         """``func(*args)`` on a helper thread, in this coroutine's context (its span and
@@ -237,7 +231,6 @@ class EventLoopRunner:
                 self._wait_for(done, self._ticks.monotonic() + timeout)
                 self._loop.call_soon_threadsafe(self._loop.stop)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._receives.shutdown(wait=False, cancel_futures=True)
 
     # -- the threads ----------------------------------------------------------------
 
@@ -276,6 +269,11 @@ class EventLoopRunner:
             # What is still pending ends here (a loop blocked past close() never gets here).
             with contextlib.suppress(RuntimeError):
                 self._loop.run_until_complete(self._cancel_all(beat))
+            for end in self.at_end:  # the transport's connections of this loop
+                try:
+                    end(self._loop)
+                except Exception:
+                    log.exception("closing the event loop's connections failed")
             self._loop.close()
 
     def _dispatch(self) -> None:

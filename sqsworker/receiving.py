@@ -9,11 +9,11 @@ for room for a full batch, unless handler threads would otherwise sit idle: then
 asks for what fits. After a failure, receives pause (1, 2, 4 ... 30 s); a receive under
 way at the shutdown is waited out, and what it brings is handed back.
 
-A coroutine worker's receives are coroutines on its event loop instead of threads, the
-same steps with the loop's waits (``_receive_on_loop``), awaiting the transport's call
-for a loop (the lean client's ``receive_async``: no thread waits on a socket, and none
-hands the GIL to another for it). The rooms, counts and wake-ups are the same, under the
-same lock.
+A coroutine worker's receives are coroutines on its event loop instead of threads, when
+its transport receives there without a thread (``receives_on_loop``: the lean client,
+no proxy): the same steps with the loop's waits (``_receive_on_loop``), awaiting
+``receive_async``, so no thread waits on a socket, and none hands the GIL to another for
+it. The rooms, counts and wake-ups are the same, under the same lock.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
+from .config import MAX_WAIT_TIME
 from .errors import TransportError
 from .health import Progress
 from .room import Pace, Room
@@ -49,9 +50,10 @@ REPLAYED = (
     "ReceiveMessage was answered with messages held already, under the same receipt handles "
     "(SQS never answers so; a proxy replaying answers does): check that the endpoint is SQS"
 )
-# Past the end of a long poll, the longest a receive on the event loop is waited for at
-# the shutdown: more than the client's read timeout beyond it (10 s) and a connect (5 s).
-LOOP_GRACE = 20.0
+# The longest a receive on the event loop is waited for at the shutdown, from its start:
+# past the SQS client's own bounds (a connect of 5 s, then a read of the longest long poll
+# and 10 s more), by which a loop that runs has ended it.
+LOOP_RECEIVE_MOST = 5 + MAX_WAIT_TIME + 10 + 10
 T = TypeVar("T")
 log = structlog.get_logger("sqsworker")
 
@@ -195,19 +197,21 @@ class Receiver:
         What they brought once closing began, to be handed back."""
         with self.inbox.lock:
             polls = list(self._polls_began.values())
-        ends = self.clock.monotonic()
+        last = max((began for began, _ in polls), default=self.clock.monotonic())
         if polls:
-            ends = max(began for began, _ in polls) + self.wait_time()
+            ends = last + self.wait_time()
             self.observer.receives_awaited(len(polls), ends - self.clock.monotonic())
-        # On an event loop, a receive ends only while the loop runs: one a handler blocks
-        # past every receive's read timeout is not waited for (what its receive brought
-        # stays hidden for the visibility timeout, then comes back).
-        give_up = ends + LOOP_GRACE if self._loop is not None else None
+        # On an event loop, a receive ends only while the loop runs: one still under way
+        # past the client's own bounds is held up by a handler blocking the loop, and is
+        # not waited for (what it brings stays hidden for the visibility timeout, then
+        # comes back).
+        give_up = last + LOOP_RECEIVE_MOST if self._loop is not None else None
         with self.inbox.lock:
             while self.alive:
                 if give_up is not None and self.clock.monotonic() >= give_up:
                     log.error(
-                        "receives on the event loop did not end: a handler blocks the loop",
+                        "receives on the event loop did not end within the SQS client's "
+                        "timeouts: a handler blocks the loop",
                         receives=self.alive,
                     )
                     break

@@ -30,7 +30,7 @@ from .inbox import Inbox
 from .lease import MAX_SENDERS, LeaseKeeper
 from .payloads import Payloads, RemoveAfterDelete
 from .policies import Backoff
-from .receiving import Receiver
+from .receiving import LoopIO, Receiver
 from .room import Pace, Room
 from .running import Batches, Coroutines, Runner, Threads, helper_threads
 from .settling import Settler
@@ -218,13 +218,23 @@ class Worker:
         self.runner = self._runner(self.keeper)
         self.runner.start()
         self.observer.worker_started(self.transport.info, self.config)
-        # A coroutine worker's receives run on its event loop, if the loop keeps the
-        # worker's time (a test's fake clock is not the loop's: there they run on threads).
-        runner = self.runner
-        loop = runner.loop if isinstance(runner, Coroutines) else None
-        on_loop = loop if loop is not None and loop.keeps(self.clock) else None
-        self.receiver.start(self.transport, self.keeper, on_loop)
+        self.receiver.start(self.transport, self.keeper, self._receive_loop())
         self._started = True
+
+    def _receive_loop(self) -> LoopIO | None:
+        """The event loop a coroutine worker's receives run on: its own, when the
+        transport receives there without a thread (the lean client, no proxy) and the loop
+        keeps the worker's time (a test's fake clock is not the loop's). Else threads."""
+        runner, transport = self.runner, self.transport
+        if not isinstance(runner, Coroutines) or not runner.loop.keeps(self.clock):
+            return None
+        native = getattr(transport, "receives_on_loop", None)
+        if native is None or not native():
+            return None
+        close = getattr(transport, "close_on_loop", None)
+        if close is not None:  # its connections of the loop, closed as the loop ends
+            runner.loop.at_end.append(close)
+        return runner.loop
 
     def _runner(self, keeper: LeaseKeeper) -> Runner:
         """The runner for the handler's shape, with what it settles and admits through."""

@@ -266,9 +266,9 @@ class LeanSQS:
         answer = await wire.post(_head(headers, body), body)
         return self._result(action, answer.status, answer.headers, answer.body)
 
-    def close_loop_wire(self) -> None:
-        """Close the connections of the running loop's ``LoopWire`` (on that loop)."""
-        wire = self._loop_wires.pop(asyncio.get_running_loop(), None)
+    def close_loop_wire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close the connections of ``loop``'s ``LoopWire`` (on that loop's thread)."""
+        wire = self._loop_wires.pop(loop, None)
         if wire is not None:
             wire.close()
 

@@ -390,6 +390,11 @@ class SQSTransport:
 
     # -- the hot calls, for code on an event loop -----------------------------------
 
+    def receives_on_loop(self) -> bool:
+        """Whether ``receive_async`` waits on no thread (the lean client, no proxy)."""
+        lean = self.lean
+        return lean is not None and lean.ready and lean.wire is not None
+
     async def receive_async(
         self,
         max_messages: int,
@@ -397,8 +402,7 @@ class SQSTransport:
         visibility_timeout: int,
         attempt_id: str | None = None,
     ) -> list[Envelope]:
-        """``receive``, awaited: over the lean client's connections of the running loop,
-        so no thread waits on it (else botocore's call, on a thread)."""
+        """``receive``, awaited: on the lean client's connections of the running loop."""
         kwargs = self.receive_params(max_messages, wait_seconds, visibility_timeout, attempt_id)
         method = self._hot_async("ReceiveMessage", self.client.receive_message)
         return envelopes(await self._call_async("ReceiveMessage", method, 1, **kwargs))
@@ -438,10 +442,10 @@ class SQSTransport:
             return result
         return batch_result(action, response, [i for i, _, _ in entries])
 
-    def close_on_loop(self) -> None:
-        """Close the running loop's connections (on that loop, as it ends)."""
+    def close_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close ``loop``'s connections (on its thread, as it ends)."""
         if self.lean is not None:
-            self.lean.close_loop_wire()
+            self.lean.close_loop_wire(loop)
 
     async def _call_async(
         self,

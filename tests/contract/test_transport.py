@@ -19,10 +19,13 @@ from typing import Any, TypeVar
 
 import pytest
 
+from sqsworker import Worker, WorkerConfig
 from sqsworker.clock import FakeClock
 from sqsworker.errors import QueueNotFound, TransportError
 from sqsworker.local import LocalSQS
+from sqsworker.receiving import LOOP_RECEIVE_MOST
 from sqsworker.transports import BatchResult, Envelope, OutgoingMessage, Transport, send_all
+from sqsworker.transports import sqs as sqs_module
 from sqsworker.transports.memory import MemorySQS
 from sqsworker.transports.sqs import SQSTransport
 
@@ -194,7 +197,7 @@ def env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
 
 
 async def _closed_on_loop(transport: SQSTransport) -> None:
-    transport.close_on_loop()
+    transport.close_on_loop(asyncio.get_running_loop())
 
 
 def test_receive_returns_body_and_attributes_and_hides_the_message(env: Env) -> None:
@@ -435,3 +438,45 @@ def test_binary_attributes_arrive_as_the_bytes_sent(env: Env) -> None:
     assert m.message_attributes["blob"]["BinaryValue"] == raw
     assert m.message_attributes["text"]["StringValue"] == "ü ✓"
     assert m.message_attributes["count"]["StringValue"] == "42"
+
+
+@pytest.mark.parametrize("sqs_client", ["lean", "boto3"])
+def test_only_the_lean_client_receives_on_a_coroutine_worker_s_loop(
+    local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch, sqs_client: str
+) -> None:
+    # botocore's client (or a proxy) would make its receives on asyncio's default threads,
+    # the ones a handler's asyncio.to_thread waits for: its receives stay on threads
+    for key, value in local_sqs.env().items():
+        monkeypatch.setenv(key, value)
+    name = unique("onloop")
+    local_sqs.create_queue(name)
+    transport = SQSTransport.connect(
+        name, endpoint_url=local_sqs.endpoint_url, sqs_client=sqs_client
+    )
+    send_all(transport, ["a", "b", "c"])
+    ran: list[str] = []
+
+    async def handler(message: Any) -> None:
+        ran.append(message.body)
+
+    config = WorkerConfig(queue=name, concurrency=4, wait_time=1, metrics_port=None)
+    worker = Worker(handler, config, transport=transport)
+    before = set(threading.enumerate())
+    worker.start()
+    try:
+        wait_until(lambda: len(ran) == 3, what="the three messages to run")
+        threads = {t.name.rsplit("-", 1)[0] for t in set(threading.enumerate()) - before}
+        assert ("sqsworker-receiver" in threads) == (sqs_client == "boto3")
+        assert (worker.receiver._loop is not None) == (sqs_client == "lean")
+    finally:
+        worker.request_stop()
+        assert worker.shutdown() == 0
+    assert sorted(ran) == ["a", "b", "c"]
+
+
+def test_a_receive_on_the_loop_is_waited_out_as_long_as_the_client_allows_it() -> None:
+    # at the shutdown a receive on the event loop is given up only once the SQS client's
+    # own timeouts are past (a loop that runs has ended it by then)
+    client, _ = sqs_module._client("http://127.0.0.1:1", "us-east-1", 1, "boto3")
+    config = client.meta.config
+    assert config.connect_timeout + config.read_timeout < LOOP_RECEIVE_MOST

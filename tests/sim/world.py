@@ -176,9 +176,8 @@ class Schedule:
     hide_redrive: bool = False  # the workers read no redrive policy (added after they started)
     floods: dict[int, int] = field(default_factory=dict)  # extra copies of one busy key
     coroutines: bool = False  # an async def handler: the plans run as coroutines
-    # Its receives on the loop: awaited as the lean client's are (``receive_async``), or
-    # the transport's blocking receive on a thread of the loop's (no replayed answers
-    # then: one the loop takes after the worker let a message go is a new delivery to it).
+    # Its receives on the loop, awaited as the lean client's are (``receive_async``), or
+    # on receive threads, as with botocore's client or through a proxy.
     offloaded: bool = False
 
     @property
@@ -196,7 +195,7 @@ class Schedule:
             f"messages {dict(kinds)}, faults {self.faults}, stops {self.stops}, "
             f"crashes {self.crashes}, idempotency keys {self.keyed}, copies {sorted(self.copies)}"
             + (", async def" if self.coroutines else "")
-            + (" (receives offloaded)" if self.offloaded else "")
+            + (" (receive threads)" if self.offloaded else "")
             + (
                 f", hostile {self.hostile} (count {self.reported_count}, redrive hidden "
                 f"{self.hide_redrive}), floods {self.floods}"
@@ -361,8 +360,6 @@ def draw(seed: int) -> Schedule:
     if drawn.random() < 0.2 and "batch_size" not in config:
         schedule.coroutines = True
         schedule.offloaded = drawn.random() < 0.3
-        if schedule.offloaded:
-            schedule.faults = replace(schedule.faults, replay_rate=0.0)
     return schedule
 
 
@@ -459,8 +456,6 @@ class SimTransport:
         self.last: list[Envelope] = []  # the last answer to a receive that held messages
         # The receipt handles the worker holds (set once the worker is made).
         self.holds: Callable[[], Collection[str]] = frozenset
-        if world.schedule.offloaded:  # no call of its own for a loop: a thread's, there
-            self.receive_async = None
         self._service: Helpers | None = None  # where a receive awaited on a loop long-polls
 
     def _fault(self, action: str) -> TransportError | None:
@@ -531,6 +526,10 @@ class SimTransport:
     ) -> list[Envelope]:
         steps = self._receive_steps(max_messages, wait_seconds, visibility_timeout, attempt_id)
         return _slept(steps, self.world.clock.sleep)
+
+    def receives_on_loop(self) -> bool:
+        """As the lean client's: on the loop (or on threads, where no such call is)."""
+        return not self.world.schedule.offloaded
 
     async def receive_async(
         self,
