@@ -198,14 +198,6 @@ class EventLoopRunner:
                 "a task of the worker's on the event loop failed", error=repr(task.exception())
             )
 
-    async def receive(
-        self, transport: Any, asked: int, wait: int, visibility: int, attempt: str | None
-    ) -> list[Any]:
-        """``transport.receive``, awaited on the loop (``receive_async``: no thread waits
-        on it). Only a transport that ``receives_on_loop`` runs its receives here."""
-        got: list[Any] = await transport.receive_async(asked, wait, visibility, attempt)
-        return got
-
     async def offload(self, func: Callable[..., T], *args: Any) -> T:
         """``func(*args)`` on a helper thread, in this coroutine's context (its span and
         log fields), so a call that blocks does not stall the loop."""

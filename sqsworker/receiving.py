@@ -25,7 +25,7 @@ import threading
 import uuid
 from collections.abc import Callable, Coroutine
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import structlog
 
@@ -66,11 +66,16 @@ class LoopIO(Protocol):
 
     def start_tasks(self, coroutines: list[Coroutine[Any, Any, None]]) -> None: ...
 
-    async def receive(
-        self, transport: Transport, asked: int, wait: int, visibility: int, attempt: str | None
-    ) -> list[Envelope]: ...
-
     async def offload(self, func: Callable[..., T], *args: Any) -> T: ...
+
+
+class LoopReceives(Protocol):
+    """A transport that receives on an event loop without a thread (``SQSTransport``
+    with the lean client, where ``receives_on_loop()``)."""
+
+    async def receive_async(
+        self, max_messages: int, wait: int, visibility: int, attempt_id: str | None
+    ) -> list[Envelope]: ...
 
 
 class _LoopWaker:
@@ -260,7 +265,7 @@ class Receiver:
 
     async def _receive_on_loop(self, index: int, loop: LoopIO) -> None:
         """``_receive``, as a coroutine on the event loop of a coroutine worker: its waits
-        are the loop's, and its receive is awaited there (``loop.receive``), so no thread
+        are the loop's, and its receive is awaited there (``receive_async``), so no thread
         waits on it."""
         progress, waker = self.progress[index], _LoopWaker(loop.loop)
         try:
@@ -277,11 +282,11 @@ class Receiver:
             self._ended()
 
     async def _poll_on_loop(self, index: int, asked: int, progress: Progress, loop: LoopIO) -> bool:
-        assert self._transport is not None
+        transport = cast(LoopReceives, self._transport)
         began, attempt_id, wait = self._begin_poll(index, progress)
         try:
-            envelopes = await loop.receive(
-                self._transport, asked, wait, self.config.visibility_timeout, attempt_id
+            envelopes = await transport.receive_async(
+                asked, wait, self.config.visibility_timeout, attempt_id
             )
             if not envelopes and wait > 0:
                 _check_waited(self.clock.monotonic() - began, wait)
