@@ -1,27 +1,27 @@
 """The lease threads: they carry out what the lease machine decides.
 
-Every SQS write about a held message goes through ``LeaseKeeper``: renewing
-leases before they expire (``ChangeMessageVisibilityBatch``), deleting after
-success (``DeleteMessageBatch``), and returning messages with a delay after a
-failure or at shutdown. One owner means a renewal can never race a delete or a
-hand-back on the same receipt handle.
+Every SQS write about a held message goes through ``LeaseKeeper``: renewing leases
+before they expire (``ChangeMessageVisibilityBatch``), deleting after success
+(``DeleteMessageBatch``), and returning messages with a delay after a failure or at
+shutdown. One owner means a renewal can never race a delete or a hand-back on the same
+receipt handle.
 
-What to send and when is decided by ``lease_machine.LeaseMachine`` (the timing
-rules are written there); this module only drives it. Under one lock, the
-worker's threads feed it events (``add``, ``begin``, ``succeed``, ``release``,
-``hand_back``, ``extend``, ``stop``) and the lease thread feeds it the time and
-takes the calls it gives. A few sender threads make the calls, renewals first,
-and one more sender makes renewals only, so slow ``DeleteMessageBatch`` calls
-never hold up a renewal that is due; each feeds SQS's answer back. The reports
-the machine gives (a lease lost, messages deleted or returned) go to the
-observer outside the lock, on the thread whose event gave them.
+What to send and when is decided by ``lease_machine.LeaseMachine`` (the timing rules are
+written there); this module only drives it. Under one lock, the worker's threads feed it
+events (``add``, ``begin``, ``succeed``, ``release``, ``hand_back``, ``extend``,
+``stop``) and the lease thread feeds it the time and takes the calls it gives. A few
+sender threads make the calls, renewals first, and one more makes renewals only, so slow
+deletes never hold up a renewal that is due; each feeds SQS's answer back. (A coroutine
+worker's deletes and returns may be made on its event loop instead: lease_loop.py.) The
+reports the machine gives go to the observer outside the lock, on the thread whose event
+gave them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +32,8 @@ from .clock import Clock, Task
 from .errors import LeaseLost, TransportError
 from .events import Observer
 from .health import Progress
+from .held import Held, HeldLease, message_of, messages_of
+from .lease_loop import LoopCalls
 from .lease_machine import CAP_MARGIN, NEAR_CAP, RETRY_AFTER_ERROR, LeaseMachine
 from .lease_state import (
     Call,
@@ -71,86 +73,6 @@ __all__ = [
 MAX_SENDERS = 32
 
 
-class Held(Entry):
-    """A message this worker holds, and its lease (the ``Lease`` its handler sees)."""
-
-    def __init__(self, keeper: LeaseKeeper, envelope: Envelope, received_at: float, timeout: int):
-        super().__init__(envelope.receipt_handle, received_at, timeout)
-        self.keeper = keeper
-        self.envelope = envelope
-        # Times the worker set it aside (its idempotency key busy elsewhere): a thread whose
-        # step fails after that no longer owns it, once another thread took it back.
-        self.deferrals = 0
-        self.queued_at = 0.0  # when the inbox queued it to run (with a hand-over set)
-        self.message = Message(envelope, keeper.transport.info.name, HeldLease(self))
-
-    # -- what its ``HeldLease`` reads ---------------------------------------------
-
-    @property
-    def seconds_left(self) -> float:
-        return self.left(self.keeper.clock.monotonic())
-
-    @property
-    def may_hold_for(self) -> float:
-        """Seconds SQS may still hide the message under this handle, at most: past a lost
-        lease too, while a renewal whose answer was lost may have been applied. (An
-        idempotency claim outlives this, not only ``seconds_left``.)"""
-        return self.may_hold(self.keeper.clock.monotonic())
-
-    def extend(self, seconds: int) -> float:
-        return self.keeper.extend(self, seconds)
-
-
-class HeldLease:
-    """``message.lease`` of a held message: a view of its ``Held``, by weak reference.
-
-    The ``Held`` keeps its message; were the message to keep the ``Held``, every message
-    would sit in a reference cycle, and its memory (a body of up to 1 MiB) would wait
-    for the cyclic garbage collector's next full pass. The worker keeps the ``Held``
-    while it runs or settles the message; a view that outlives it reads as a lease lost
-    (``extend`` raises ``LeaseLost``), which it is to whoever kept only the message.
-    """
-
-    __slots__ = ("_held",)
-
-    def __init__(self, held: Held) -> None:
-        self._held = weakref.ref(held)
-
-    @property
-    def held(self) -> Held | None:
-        """The worker's hold of the message, while it keeps one."""
-        return self._held()
-
-    @property
-    def seconds_left(self) -> float:
-        held = self._held()
-        return 0.0 if held is None else held.seconds_left
-
-    @property
-    def lost(self) -> bool:
-        held = self._held()
-        return True if held is None else held.lost
-
-    @property
-    def may_hold_for(self) -> float:
-        held = self._held()
-        return 0.0 if held is None else held.may_hold_for
-
-    def extend(self, seconds: int) -> float:
-        held = self._held()
-        if held is None:
-            raise LeaseLost("the worker no longer holds this message")
-        return held.extend(seconds)
-
-
-def _message(entry: Entry) -> Message:
-    return cast(Held, entry).message
-
-
-def _messages(entries: Sequence[Entry]) -> list[Message]:
-    return [h.message for h in cast(Sequence[Held], entries)]
-
-
 def _failures(batch: Sequence[object], result: BatchResult) -> dict[int, EntryFailure]:
     """A batch result's failed entries by their index in ``batch`` (ids are indexes)."""
     if not result.failed:
@@ -188,8 +110,8 @@ class LeaseKeeper:
         self.on_renewed = on_renewed
         # Called on this thread (no lock held) when held messages were settled or lost.
         self.on_released = on_released
-        self.machine = LeaseMachine(delete_interval)  # guarded by _lock, as is every Held
-        self._lock = threading.Lock()
+        self.machine = LeaseMachine(delete_interval)  # guarded by lock, as is every Held
+        self.lock = self._lock = threading.Lock()
         # The lease thread, stop() and extend() callers wait on _wake; each sender on one
         # of its own (``_ready``): a call queued wakes the idle one that began to wait last,
         # so while one keeps up, one makes every call (see ``_hand_out``). All on _lock.
@@ -206,6 +128,7 @@ class LeaseKeeper:
         self._ready = [threading.Condition(self._lock) for _ in self._senders]
         self._idle: list[threading.Condition] = []  # general senders waiting, latest last
         self._senders_alive = 0
+        self._loop_calls: LoopCalls | None = None  # deletes and returns go there (lease_loop.py)
 
     @property
     def delete_interval(self) -> float:
@@ -224,6 +147,19 @@ class LeaseKeeper:
             send = partial(self._send, progress, self._ready[index], renewals_only=index == 0)
             self.clock.spawn(f"sqsworker-lease-sender-{index}", send)
         self._thread = self.clock.spawn("sqsworker-lease", self._run)
+
+    def on_loop(self, loop: asyncio.AbstractEventLoop) -> LoopCalls:
+        """Deletes and returns are made on ``loop`` (lease_loop.py) until its ``detach``."""
+        with self._lock:
+            self._loop_calls = LoopCalls(self, loop)
+            return self._loop_calls
+
+    def off_loop(self, calls: LoopCalls) -> None:
+        """The loop ends: what it has not begun, and every later call, go to the senders."""
+        with self._lock:
+            if self._loop_calls is calls:
+                self._loop_calls = None
+                self._to_senders(calls.take_waiting())
 
     def add(self, envelopes: Sequence[Envelope], received_at: float, timeout: int) -> list[Held]:
         arrived = [Held(self, e, received_at, timeout) for e in envelopes]
@@ -388,6 +324,14 @@ class LeaseKeeper:
     def _queue(self, op: Op, allow_lost: bool = False) -> None:
         with self._lock:
             look_by = self.machine.settle(op, self.clock.monotonic(), allow_lost)
+            loop = self._loop_calls
+            if look_by == -math.inf and loop is not None and loop.on_its_thread():
+                # A batch filled on the loop the calls are made on: handed out here, as
+                # the lease thread would, so that no thread wakes for it.
+                now = self.clock.monotonic()
+                self.machine.expire(now)
+                self._hand_out(self.machine.due(now))
+                look_by = math.inf
             # Wake the lease thread only if it waits past this op's moment (an op on a
             # busy message goes when that call's answer wakes it) or a batch is full.
             if look_by == -math.inf or look_by < self._waiting_until:
@@ -412,24 +356,24 @@ class LeaseKeeper:
         """Report what the machine said, outside the lock, in its order."""
         for command in commands:
             if isinstance(command, LeaseLostReport):
-                self.observer.lease_lost(_message(command.entry), command.reason)
+                self.observer.lease_lost(message_of(command.entry), command.reason)
             elif isinstance(command, DeleteFailed):
-                message = _message(command.entry)
+                message = message_of(command.entry)
                 self.observer.delete_failed(message, command.reason, command.retrying)
             elif isinstance(command, Deleted):
-                self.observer.deleted(_messages(command.entries))
+                self.observer.deleted(messages_of(command.entries))
             elif isinstance(command, DeletedAfterLeaseLost):
-                self.observer.deleted_after_lease_lost(_message(command.entry))
+                self.observer.deleted_after_lease_lost(message_of(command.entry))
             elif isinstance(command, Returned):
-                messages = _messages(command.entries)
+                messages = messages_of(command.entries)
                 self.observer.returned(messages, command.seconds, command.reason)
             elif isinstance(command, Extended):
-                messages = _messages(command.entries)
+                messages = messages_of(command.entries)
                 self.observer.leases_extended(messages, command.seconds)
                 if self.on_renewed is not None:
                     self.on_renewed(messages)
             elif isinstance(command, NearCap):
-                self.observer.lease_near_cap(_message(command.entry), command.seconds_left)
+                self.observer.lease_near_cap(message_of(command.entry), command.seconds_left)
             elif isinstance(command, Room) and self.on_released is not None:
                 self.on_released()  # room for more messages under the held bound
 
@@ -450,21 +394,22 @@ class LeaseKeeper:
         while True:
             with self._lock:
                 now = self.clock.monotonic()
+                late = self._late_on_loop(now)
                 if machine.gave_up(now):  # nothing new: the answers under way, then the end
                     if not machine.under_way:
                         return
                     self.progress.idle()
-                    self.clock.wait(self._wake, None)
+                    self.clock.wait(self._wake, self._loop_look(None))
                     continue
                 lapsed = machine.expire(now)
                 calls = machine.due(now)
                 if calls:
                     self._hand_out(calls)
-                elif not lapsed:
+                elif not lapsed and not late:
                     if machine.drained():
                         return
                     self.progress.idle()
-                    deadline = machine.next_deadline(now)
+                    deadline = self._loop_look(machine.next_deadline(now))
                     self._waiting_until = math.inf if deadline is None else deadline
                     self.clock.wait(self._wake, deadline)
                     self._waiting_until = -math.inf
@@ -473,16 +418,41 @@ class LeaseKeeper:
             if commands:
                 self._carry_out(commands)
 
+    def _late_on_loop(self, now: float) -> bool:
+        """Calls a blocked loop holds up go to the threads (lease_loop.py), those under
+        way made again; whether any was (the lock held)."""
+        if self._loop_calls is None:
+            return False
+        not_begun, stuck = self._loop_calls.late(now)
+        for call in stuck:
+            self.machine.broke(call, now)
+            self.machine.ended(call)
+        self._to_senders(not_begun)
+        return bool(not_begun or stuck)
+
+    def _loop_look(self, deadline: float | None) -> float | None:
+        """``deadline``, or sooner when a call on the loop may be late by then."""
+        look = math.inf if self._loop_calls is None else self._loop_calls.next_look()
+        return deadline if look == math.inf else min(look, deadline or math.inf)
+
     def _hand_out(self, calls: list[Call]) -> None:
-        """Queue the batch calls for the senders (the lock held). Woken longest-waiting
-        first, each call went to another sender in turn, on a CPU the last had left."""
+        """Queue the batch calls for the senders, or deletes and returns for the loop
+        (the lock held)."""
         settles = [call for call in calls if call.ops]
         renews = [call for call in calls if call.renewals]
-        self._settle_calls.extend(settles)
+        if self._loop_calls is not None and settles:
+            self._loop_calls.queue(settles, self.clock.monotonic())
+            settles = []
         self._renewal_calls.extend(renews)
         if renews:
             self._ready[0].notify()
-        for _ in range(min(len(calls), len(self._idle))):  # they take renewals first too
+        self._to_senders(settles, len(renews))
+
+    def _to_senders(self, settles: Sequence[Call], more: int = 0) -> None:
+        """Queue deletes and returns for the senders (the lock held), waking an idle one a
+        call (and ``more``), longest-waiting first: each on a CPU the last had left."""
+        self._settle_calls.extend(settles)
+        for _ in range(min(len(settles) + more, len(self._idle))):  # renewals first too
             self._idle.pop().notify()
 
     # -- the senders: SQS calls, made outside the lock ---------------------------------
@@ -527,29 +497,35 @@ class LeaseKeeper:
         except IllegalTransition:
             raise  # a defect in this driver: loud, never retried as if SQS had failed
         except Exception as exc:  # never let a sender die: every lease hangs on them
-            self.observer.request_failed("lease sender", TransportError(repr(exc)))
-            with self._lock:
-                self.machine.broke(call, self.clock.monotonic())
-                commands = self._take()
-            if commands:
-                self._carry_out(commands)
+            self._broke(call, TransportError(repr(exc)))
         finally:
-            with self._lock:
-                self.machine.ended(call)
-                self._wake.notify_all()  # the lease thread, and extend() callers waiting
-                commands = self._take()
+            self._ended(call)
+
+    def _broke(self, call: Call, error: TransportError) -> None:
+        """Making the call raised something unforeseen: its entries are tried again."""
+        self.observer.request_failed("lease sender", error)
+        with self._lock:
+            self.machine.broke(call, self.clock.monotonic())
+            commands = self._take()
+        if commands:
+            self._carry_out(commands)
+
+    def _ended(self, call: Call) -> None:
+        with self._lock:
+            self.machine.ended(call)
+            self._wake.notify_all()  # the lease thread, and extend() callers waiting
+            commands = self._take()
         if commands:
             self._carry_out(commands)
 
     def _settle(self, call: Call) -> None:
         """One batch of deletes, or of returns."""
-        delete = call.ops[0].action == "delete"
-        action = "DeleteMessageBatch" if delete else "ChangeMessageVisibilityBatch"
         # No lock: the call is this sender's alone, and what it reads of its entries (the
         # receive's start, the op's delay) does not change once queued.
         entries = self.machine.sending(call, self.clock.monotonic())
+        result: BatchResult | TransportError
         try:
-            if delete:
+            if call.ops[0].action == "delete":
                 result = self.transport.delete_batch(
                     [(str(i), e.handle) for i, (e, _) in enumerate(entries)]
                 )
@@ -558,17 +534,39 @@ class LeaseKeeper:
                     [(str(i), e.handle, seconds) for i, (e, seconds) in enumerate(entries)]
                 )
         except TransportError as exc:
-            self.observer.request_failed(action, exc)
-            with self._lock:  # not retryable (AccessDenied, a deleted queue): SQS returns them
-                reason = f"{action} was refused: {exc}"
-                self.machine.settle_failed(call, exc.retryable, reason, self.clock.monotonic())
-                commands = self._take()
-        else:
-            with self._lock:
-                self.machine.settled(call, _failures(entries, result), self.clock.monotonic())
-                commands = self._take()
+            result = exc
+        self._answered(call, entries, result)
+
+    def _answered(
+        self, call: Call, entries: list[tuple[Entry, int]], outcome: BatchResult | TransportError
+    ) -> None:
+        """SQS's answer to a delete or return call, or its error."""
+        delete = call.ops[0].action == "delete"
+        action = "DeleteMessageBatch" if delete else "ChangeMessageVisibilityBatch"
+        if isinstance(outcome, TransportError):
+            self.observer.request_failed(action, outcome)
+        with self._lock:
+            now = self.clock.monotonic()
+            if isinstance(outcome, TransportError):
+                # Not retryable (AccessDenied, a deleted queue): SQS returns them.
+                reason = f"{action} was refused: {outcome}"
+                self.machine.settle_failed(call, outcome.retryable, reason, now)
+            else:
+                self.machine.settled(call, _failures(entries, outcome), now)
+            commands = self._take()
         if commands:
             self._carry_out(commands)
+
+    def loop_call_ended(
+        self, call: Call, entries: list[tuple[Entry, int]], outcome: BatchResult | BaseException
+    ) -> None:
+        """A call made on the loop (lease_loop.py) ended: answered, as a sender's; or
+        it raised something unforeseen, or the loop ended under it: made again."""
+        if isinstance(outcome, BatchResult | TransportError):
+            self._answered(call, entries, outcome)
+        else:
+            self._broke(call, TransportError(repr(outcome)))
+        self._ended(call)
 
     def _renew(self, call: Call) -> None:
         """Renew what is still ours to renew, decided now that the call goes out."""

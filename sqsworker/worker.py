@@ -222,15 +222,18 @@ class Worker:
         self._started = True
 
     def _receive_loop(self) -> LoopIO | None:
-        """The event loop a coroutine worker's receives run on: its own, when the
-        transport receives there without a thread (the lean client, no proxy) and the loop
-        keeps the worker's time (a test's fake clock is not the loop's). Else threads."""
-        runner, transport = self.runner, self.transport
+        """The event loop a coroutine worker's receives, deletes and returns run on: its
+        own, when the transport calls SQS there without a thread (the lean client, no
+        proxy) and the loop keeps the worker's time (a test's fake clock is not the
+        loop's). Else threads. (Renewals stay on a thread: lease_loop.py says why.)"""
+        runner, transport, keeper = self.runner, self.transport, self.keeper
         if not isinstance(runner, Coroutines) or not runner.loop.keeps(self.clock):
             return None
         native = getattr(transport, "receives_on_loop", None)
-        if native is None or not native():
+        if native is None or not native() or keeper is None:
             return None
+        if hasattr(transport, "delete_batch_async"):  # its calls under way end first
+            runner.loop.at_end.append(keeper.on_loop(runner.loop.loop).detach)
         close = getattr(transport, "close_on_loop", None)
         if close is not None:  # its connections of the loop, closed as the loop ends
             runner.loop.at_end.append(close)

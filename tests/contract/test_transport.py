@@ -441,11 +441,11 @@ def test_binary_attributes_arrive_as_the_bytes_sent(env: Env) -> None:
 
 
 @pytest.mark.parametrize("sqs_client", ["lean", "boto3"])
-def test_only_the_lean_client_receives_on_a_coroutine_worker_s_loop(
+def test_only_the_lean_client_receives_and_deletes_on_a_coroutine_worker_s_loop(
     local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch, sqs_client: str
 ) -> None:
-    # botocore's client (or a proxy) would make its receives on asyncio's default threads,
-    # the ones a handler's asyncio.to_thread waits for: its receives stay on threads
+    # botocore's client (or a proxy) would make its calls on asyncio's default threads,
+    # the ones a handler's asyncio.to_thread waits for: its calls stay on threads
     for key, value in local_sqs.env().items():
         monkeypatch.setenv(key, value)
     name = unique("onloop")
@@ -455,6 +455,15 @@ def test_only_the_lean_client_receives_on_a_coroutine_worker_s_loop(
     )
     send_all(transport, ["a", "b", "c"])
     ran: list[str] = []
+    deleted_on: list[str] = []
+    for name_of_call in ("delete_batch", "delete_batch_async"):
+        call = getattr(transport, name_of_call)
+
+        def recorded(*args: Any, _call: Any = call) -> Any:
+            deleted_on.append(threading.current_thread().name.rsplit("-", 1)[0])
+            return _call(*args)
+
+        monkeypatch.setattr(transport, name_of_call, recorded)
 
     async def handler(message: Any) -> None:
         ran.append(message.body)
@@ -465,13 +474,17 @@ def test_only_the_lean_client_receives_on_a_coroutine_worker_s_loop(
     worker.start()
     try:
         wait_until(lambda: len(ran) == 3, what="the three messages to run")
+        wait_until(lambda: worker.keeper.held_count() == 0, what="their deletes")  # type: ignore[union-attr]
         threads = {t.name.rsplit("-", 1)[0] for t in set(threading.enumerate()) - before}
         assert ("sqsworker-receiver" in threads) == (sqs_client == "boto3")
         assert (worker.receiver._loop is not None) == (sqs_client == "lean")
+        on_loop = {"sqsworker-event"} if sqs_client == "lean" else {"sqsworker-lease-sender"}
+        assert set(deleted_on) == on_loop
     finally:
         worker.request_stop()
         assert worker.shutdown() == 0
     assert sorted(ran) == ["a", "b", "c"]
+    assert transport.counts().visible + transport.counts().in_flight == 0
 
 
 def test_a_receive_on_the_loop_is_waited_out_as_long_as_the_client_allows_it() -> None:

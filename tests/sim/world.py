@@ -541,6 +541,12 @@ class SimTransport:
         """``receive`` as the lean client's on the loop: its waits are the loop's, and the
         in-memory SQS's long poll waits on a thread (SQS's own wait, not the worker's)."""
         steps = self._receive_steps(max_messages, wait_seconds, visibility_timeout, attempt_id)
+        got: list[Envelope] = await self._awaited(steps)
+        return got
+
+    async def _awaited(self, steps: Generator[Step, Any, T]) -> T:
+        """What ``steps`` returns, awaiting each wait it yields on the loop, and making
+        each call on a thread (the in-memory SQS's, as SQS acts apart from the worker)."""
         loop = asyncio.get_running_loop()
         if self._service is None:
             self._service = Helpers(self.world.clock, 32, "sim-sqs")
@@ -553,8 +559,8 @@ class SimTransport:
                 else:
                     value = await asyncio.sleep(step)
         except StopIteration as done:
-            got: list[Envelope] = done.value
-            return got
+            result: T = done.value
+            return result
 
     def _receive_steps(
         self,
@@ -636,6 +642,11 @@ class SimTransport:
     def _batch(
         self, action: str, entries: Sequence[Any], send: Callable[[Sequence[Any]], BatchResult]
     ) -> BatchResult:
+        return _slept(self._batch_steps(action, entries, send), self.world.clock.sleep)
+
+    def _batch_steps(
+        self, action: str, entries: Sequence[Any], send: Callable[[Sequence[Any]], BatchResult]
+    ) -> Generator[Step, Any, BatchResult]:
         faults, rng = self.world.faults, self.world.clock.rng
         failing = {e[0] for e in entries if faults.on and rng.random() < faults.entry_rate}
         # Entries the answer will not name: SQS acted on some of them, not on the others.
@@ -682,7 +693,7 @@ class SimTransport:
                 result.failed += [EntryFailure(i, UNANSWERED, "not named", False) for i in unnamed]
             return result
 
-        result: BatchResult = self._call(action, act)
+        result: BatchResult = yield from self._call_steps(action, act)
         handles = {e[0]: e[1] for e in entries}
         gone.update(handles[f.id] for f in result.failed if _says_gone(f))  # the worker saw it
         return result
@@ -694,6 +705,17 @@ class SimTransport:
         return self._batch(
             "ChangeMessageVisibilityBatch", entries, self.inner.change_visibility_batch
         )
+
+    async def delete_batch_async(self, entries: Sequence[tuple[str, str]]) -> BatchResult:
+        """``delete_batch`` as the lean client's on the loop (receives_on_loop)."""
+        steps = self._batch_steps("DeleteMessageBatch", entries, self.inner.delete_batch)
+        return await self._awaited(steps)
+
+    async def change_visibility_batch_async(
+        self, entries: Sequence[tuple[str, str, int]]
+    ) -> BatchResult:
+        action, send = "ChangeMessageVisibilityBatch", self.inner.change_visibility_batch
+        return await self._awaited(self._batch_steps(action, entries, send))
 
     def send_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
         result: BatchResult = self._call(
