@@ -95,6 +95,16 @@ class Admission:
                 return self._skipped(held, "its idempotency key was being claimed")
         return Step.RUN
 
+    def resumed(self, held: Held) -> Step:
+        """The steps ran on a helper thread and the event loop resumed the message after
+        them: it runs only if its lease still lives (a handler may have blocked the loop
+        past it, and the message gone to another consumer)."""
+        if self.keeper.still_running(held):
+            return Step.RUN
+        if self.idempotency:
+            self.settler.release_claim(held.message)
+        return self._skipped(held, "the event loop was blocked")
+
     def _skipped(self, held: Held, meanwhile: str) -> Step:
         self.settler.traced(held.message, "skipped")
         self.observer.handler_skipped(held.message, f"its lease ran out while {meanwhile}")

@@ -33,7 +33,7 @@ from .errors import LeaseLost, TransportError
 from .events import Observer
 from .health import Progress
 from .held import Held, HeldLease, message_of, messages_of
-from .lease_loop import LoopCalls
+from .lease_loop import LOOK, LoopCalls
 from .lease_machine import CAP_MARGIN, NEAR_CAP, RETRY_AFTER_ERROR, LeaseMachine
 from .lease_state import (
     Call,
@@ -148,10 +148,10 @@ class LeaseKeeper:
             self.clock.spawn(f"sqsworker-lease-sender-{index}", send)
         self._thread = self.clock.spawn("sqsworker-lease", self._run)
 
-    def on_loop(self, loop: asyncio.AbstractEventLoop) -> LoopCalls:
-        """Deletes and returns are made on ``loop`` (lease_loop.py) until its ``detach``."""
+    def on_loop(self, loop: asyncio.AbstractEventLoop, blocked: Callable[[], float]) -> LoopCalls:
+        """Deletes and returns go to ``loop`` while ``blocked()`` is 0 (lease_loop.py)."""
         with self._lock:
-            self._loop_calls = LoopCalls(self, loop)
+            self._loop_calls = LoopCalls(self, loop, blocked)
             return self._loop_calls
 
     def off_loop(self, calls: LoopCalls) -> None:
@@ -327,11 +327,12 @@ class LeaseKeeper:
             loop = self._loop_calls
             if look_by == -math.inf and loop is not None and loop.on_its_thread():
                 # A batch filled on the loop the calls are made on: handed out here, as
-                # the lease thread would, so that no thread wakes for it.
+                # the lease thread would, so that no thread wakes for it (unless it does
+                # not look at the loop within LOOK).
                 now = self.clock.monotonic()
                 self.machine.expire(now)
                 self._hand_out(self.machine.due(now))
-                look_by = math.inf
+                look_by = now + LOOK if loop.pending() else math.inf
             # Wake the lease thread only if it waits past this op's moment (an op on a
             # busy message goes when that call's answer wakes it) or a batch is full.
             if look_by == -math.inf or look_by < self._waiting_until:
@@ -395,53 +396,51 @@ class LeaseKeeper:
             with self._lock:
                 now = self.clock.monotonic()
                 late = self._late_on_loop(now)
+                ended = False
                 if machine.gave_up(now):  # nothing new: the answers under way, then the end
-                    if not machine.under_way:
-                        return
-                    self.progress.idle()
-                    self.clock.wait(self._wake, self._loop_look(None))
-                    continue
-                lapsed = machine.expire(now)
-                calls = machine.due(now)
-                if calls:
-                    self._hand_out(calls)
-                elif not lapsed and not late:
-                    if machine.drained():
-                        return
-                    self.progress.idle()
-                    deadline = self._loop_look(machine.next_deadline(now))
-                    self._waiting_until = math.inf if deadline is None else deadline
-                    self.clock.wait(self._wake, deadline)
-                    self._waiting_until = -math.inf
-                    self.progress.step(self.stall_timeout)
+                    ended = not machine.under_way
+                    if not ended:
+                        self.progress.idle()
+                        self.clock.wait(self._wake, self._loop_look(now, None))
+                else:
+                    lapsed = machine.expire(now)
+                    calls = machine.due(now)
+                    if calls:
+                        self._hand_out(calls)
+                    elif not lapsed and not late:
+                        ended = machine.drained()
+                        if not ended:
+                            self.progress.idle()
+                            deadline = self._loop_look(now, machine.next_deadline(now))
+                            self._waiting_until = math.inf if deadline is None else deadline
+                            self.clock.wait(self._wake, deadline)
+                            self._waiting_until = -math.inf
+                            self.progress.step(self.stall_timeout)
                 commands = self._take()
             if commands:
                 self._carry_out(commands)
+            if ended:
+                return
 
     def _late_on_loop(self, now: float) -> bool:
-        """Calls a blocked loop holds up go to the threads (lease_loop.py), those under
-        way made again; whether any was (the lock held)."""
-        if self._loop_calls is None:
-            return False
-        not_begun, stuck = self._loop_calls.late(now)
-        for call in stuck:
-            self.machine.broke(call, now)
-            self.machine.ended(call)
+        """Calls a blocked loop holds up go to the threads (lease_loop.py); if any did."""
+        not_begun, gave_up = self._loop_calls.late(now) if self._loop_calls else ([], False)
         self._to_senders(not_begun)
-        return bool(not_begun or stuck)
+        return bool(not_begun) or gave_up
 
-    def _loop_look(self, deadline: float | None) -> float | None:
-        """``deadline``, or sooner when a call on the loop may be late by then."""
-        look = math.inf if self._loop_calls is None else self._loop_calls.next_look()
-        return deadline if look == math.inf else min(look, deadline or math.inf)
+    def _loop_look(self, now: float, deadline: float | None) -> float | None:
+        """``deadline``, or sooner: every LOOK seconds while the loop has calls."""
+        if self._loop_calls is None or not self._loop_calls.pending():
+            return deadline
+        return now + LOOK if deadline is None else min(deadline, now + LOOK)
 
     def _hand_out(self, calls: list[Call]) -> None:
-        """Queue the batch calls for the senders, or deletes and returns for the loop
-        (the lock held)."""
+        """Queue the calls for the senders, or deletes and returns for the loop (locked)."""
         settles = [call for call in calls if call.ops]
         renews = [call for call in calls if call.renewals]
-        if self._loop_calls is not None and settles:
-            self._loop_calls.queue(settles, self.clock.monotonic())
+        loop = self._loop_calls
+        if loop is not None and settles and loop.blocked() <= 0:
+            loop.queue(settles)
             settles = []
         self._renewal_calls.extend(renews)
         if renews:
@@ -560,13 +559,16 @@ class LeaseKeeper:
     def loop_call_ended(
         self, call: Call, entries: list[tuple[Entry, int]], outcome: BatchResult | BaseException
     ) -> None:
-        """A call made on the loop (lease_loop.py) ended: answered, as a sender's; or
-        it raised something unforeseen, or the loop ended under it: made again."""
-        if isinstance(outcome, BatchResult | TransportError):
-            self._answered(call, entries, outcome)
-        else:
-            self._broke(call, TransportError(repr(outcome)))
-        self._ended(call)
+        """A call made on the loop (lease_loop.py) ended: fed back as a sender's is."""
+        try:
+            if isinstance(outcome, IllegalTransition):  # a defect of this driver: loud
+                raise outcome
+            if isinstance(outcome, BatchResult | TransportError):
+                self._answered(call, entries, outcome)
+            else:  # something unforeseen, or the loop ended under it: made again
+                self._broke(call, TransportError(repr(outcome)))
+        finally:  # the call ends all the same
+            self._ended(call)
 
     def _renew(self, call: Call) -> None:
         """Renew what is still ours to renew, decided now that the call goes out."""

@@ -8,23 +8,25 @@ the call out itself (``LeaseKeeper._queue``), so a message settled on the loop w
 thread. Renewals stay on the keeper's renewal thread: a handler that blocks the loop
 must not cost a lease.
 
-Nor may a blocked loop hold up a delete for long: a call the loop has not begun within
-``START_GRACE`` goes to a sender thread, and one it began and has not ended within
-``CALL_MOST`` (past the SQS client's own bounds, by which a loop that runs has ended it)
-is given up, its messages' deletes or returns made again on a thread. As the loop ends
-(``detach``), the calls it has not begun go to the threads and those it began are waited
-out within the same bound, then given up.
-
-Every field here is guarded by the keeper's lock; the coroutines run on the loop's thread.
+Nor may a blocked loop hold up a delete for long. The loop's heartbeat tells (``blocked``:
+seconds it is late, 0 while it runs freely, ``coroutines.BLOCKED`` at least): while it is
+blocked, the keeper hands its calls to the sender threads, and the lease thread (which
+looks every ``LOOK`` seconds while the loop has calls) takes back what the loop has not
+begun (a call is begun at its coroutine's first step, when it goes out); a call begun and
+held up by a loop blocked ``GIVE_UP`` seconds is given up, its messages' deletes or
+returns made again on a thread (a delete made twice deletes once; the late answer is
+dropped). A slow SQS on a loop that runs is never given up: the client's own timeouts
+bound the call. As the loop ends (``detach``), what it has not begun goes to the threads
+and what it began is waited out within ``CALL_MOST``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
@@ -34,12 +36,13 @@ from .lease_machine import LeaseMachine
 from .lease_state import Call
 from .transports import BatchResult
 
-# Seconds a call waits for a loop that does not begin it (a handler blocks the loop)
-# before a sender thread makes it. The loop begins one within a pass of its own.
-START_GRACE = 1.0
-# Seconds a call the loop began may take: the SQS client connects within 5 s and reads an
-# answer within 30 s; 10 s more, and only a loop a handler blocks has not ended it.
-CALL_MOST = 5 + 30 + 10
+# Seconds between the lease thread's looks at the loop while the keeper uses it.
+LOOK = 0.5
+# Seconds a loop must be blocked before a call it began is given up.
+GIVE_UP = 5.0
+# Seconds a call the loop began may take, at most: the SQS client's 4 tries, each within
+# 5 s to connect and 30 s to read, and 3 backoffs of at most 2.1 s; 10 s more.
+CALL_MOST = 4 * (5 + 30) + 3 * 2.1 + 10
 log = structlog.get_logger("sqsworker")
 
 
@@ -70,15 +73,20 @@ class Keeper(Protocol):
 
 
 class LoopCalls:
-    """The keeper's delete and return calls on one event loop: those handed to it and not
-    begun (``waiting``, with when), those under way (``started``, with when)."""
+    """The keeper's delete and return calls on one event loop: handed to it and not yet
+    given a coroutine (``waiting``), given one that has not stepped yet (``assigned``),
+    and begun (``started``), each by ``id``."""
 
-    def __init__(self, keeper: Keeper, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, keeper: Keeper, loop: asyncio.AbstractEventLoop, blocked: Callable[[], float]
+    ) -> None:
         self.keeper = keeper
         self.loop = loop
+        self.blocked = blocked  # seconds the loop is late for its heartbeat; 0: it runs
         self.transport: LoopSettles = keeper.transport
-        self.waiting: deque[tuple[float, Call]] = deque()
-        self.started: dict[int, tuple[float, Call]] = {}
+        self.waiting: deque[Call] = deque()
+        self.assigned: dict[int, Call] = {}
+        self.started: dict[int, Call] = {}
         self._tasks: dict[asyncio.Task[None], Call] = {}
         self._starting = False  # a start is scheduled on the loop
         self._thread: int | None = None  # the loop's, once it began a call
@@ -88,9 +96,9 @@ class LoopCalls:
     def on_its_thread(self) -> bool:
         return threading.get_ident() == self._thread
 
-    def queue(self, calls: list[Call], now: float) -> None:
+    def queue(self, calls: list[Call]) -> None:
         """Calls for the loop to make: begun in its next pass."""
-        self.waiting.extend((now, call) for call in calls)
+        self.waiting.extend(calls)
         if self._starting:
             return
         self._starting = True
@@ -99,55 +107,67 @@ class LoopCalls:
         else:
             self.loop.call_soon_threadsafe(self._start)
 
-    def late(self, now: float) -> tuple[list[Call], list[Call]]:
-        """The calls a blocked loop holds up: those not begun within ``START_GRACE``
-        (taken back, for the threads), and those begun and not ended within ``CALL_MOST``
-        (to be given up)."""
-        not_begun = []
-        while self.waiting and now >= self.waiting[0][0] + START_GRACE:
-            not_begun.append(self.waiting.popleft()[1])
-        stuck = [call for began, call in self.started.values() if now >= began + CALL_MOST]
-        for call in stuck:
-            del self.started[id(call)]
-        if stuck:
-            log.error(
-                "deletes or returns on the event loop did not end within the SQS client's "
-                "timeouts: a handler blocks the loop; they are made again on a thread",
-                calls=len(stuck),
-            )
-        return not_begun, stuck
+    def pending(self) -> bool:
+        return bool(self.waiting or self.assigned or self.started)
 
-    def next_look(self) -> float:
-        """When ``late`` may find a call next (inf: never, as things stand)."""
-        first = self.waiting[0][0] + START_GRACE if self.waiting else math.inf
-        return min([first, *(began + CALL_MOST for began, _ in self.started.values())])
+    def late(self, now: float) -> tuple[list[Call], bool]:
+        """While the loop is blocked: the calls it has not begun (taken back, for the
+        threads); and once it has been blocked ``GIVE_UP`` seconds, those it began are
+        given up (True if any was), their messages' calls made again."""
+        if not self.pending():
+            return [], False
+        blocked = self.blocked()
+        if blocked <= 0:
+            return [], False
+        not_begun = self.take_waiting()
+        stuck: list[Call] = []
+        if blocked >= GIVE_UP and self.started:
+            stuck = list(self.started.values())
+            self.started.clear()
+            for call in stuck:
+                self.keeper.machine.broke(call, now)
+                self.keeper.machine.ended(call)
+            log.error(
+                "deletes or returns on the event loop were held up by a handler blocking "
+                "the loop; they are made again on a thread",
+                calls=len(stuck),
+                blocked_seconds=round(blocked, 1),
+            )
+        return not_begun, bool(stuck)
 
     def take_waiting(self) -> list[Call]:
-        calls = [call for _, call in self.waiting]
+        """The calls not begun, taken back (their coroutines, if any, will find none)."""
+        calls = [*self.waiting, *self.assigned.values()]
         self.waiting.clear()
+        self.assigned.clear()
         return calls
 
     # -- on the loop's thread -----------------------------------------------------------
 
     def _start(self) -> None:
-        keeper = self.keeper
         self._thread = threading.get_ident()
-        with keeper.lock:
+        with self.keeper.lock:
             self._starting = False
-            now = keeper.clock.monotonic()
-            calls = self.take_waiting()
-            for call in calls:
-                self.started[id(call)] = (now, call)
-            sending = [keeper.machine.sending(call, now) for call in calls]
-        for call, entries in zip(calls, sending, strict=True):
-            task = self.loop.create_task(self._make(call, entries))
+            calls = list(self.waiting)
+            self.waiting.clear()
+            self.assigned.update((id(call), call) for call in calls)
+        for call in calls:
+            task = self.loop.create_task(self._make(call))
             self._tasks[task] = call
             task.add_done_callback(self._tasks.pop)
 
-    async def _make(self, call: Call, entries: list[tuple[Any, int]]) -> None:
-        """One delete or return call, as a sender thread makes it (``LeaseKeeper._make``)."""
+    async def _make(self, call: Call) -> None:
+        """One delete or return call, as a sender thread makes it (``LeaseKeeper._make``),
+        begun at this first step unless the lease thread took it back meanwhile."""
+        keeper = self.keeper
+        entries: list[tuple[Any, int]] = []
         outcome: BatchResult | BaseException
         try:
+            with keeper.lock:
+                if self.assigned.pop(id(call), None) is None:
+                    return  # made on a thread instead
+                self.started[id(call)] = call
+                entries = keeper.machine.sending(call, keeper.clock.monotonic())
             if call.ops[0].action == "delete":
                 outcome = await self.transport.delete_batch_async(
                     [(str(i), e.handle) for i, (e, _) in enumerate(entries)]
@@ -158,10 +178,10 @@ class LoopCalls:
                 )
         except BaseException as exc:  # a TransportError; or made again, as a sender's
             outcome = exc
-        with self.keeper.lock:  # still this coroutine's, unless the lease thread gave it up
+        with keeper.lock:  # still this coroutine's, unless the lease thread gave it up
             ours = self.started.pop(id(call), None) is not None
         if ours:
-            self.keeper.loop_call_ended(call, entries, outcome)
+            keeper.loop_call_ended(call, entries, outcome)
         if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
             raise outcome  # cancelled (the loop ends), or the process exits
 

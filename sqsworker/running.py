@@ -355,6 +355,8 @@ class Coroutines(Runner):
             started = self.clock.monotonic()
             if self.admission.blocks(held):
                 step = await offload(self.admission.prepare, held, started)
+                if step is Step.RUN:  # resumed by the loop, maybe late (a handler blocked it)
+                    step = self.admission.resumed(held)
             else:
                 step = self.admission.prepare(held, started)
             if step is not Step.RUN:

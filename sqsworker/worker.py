@@ -233,7 +233,8 @@ class Worker:
         if native is None or not native() or keeper is None:
             return None
         if hasattr(transport, "delete_batch_async"):  # its calls under way end first
-            runner.loop.at_end.append(keeper.on_loop(runner.loop.loop).detach)
+            calls = keeper.on_loop(runner.loop.loop, runner.loop.blocked_for)
+            runner.loop.at_end.append(calls.detach)
         close = getattr(transport, "close_on_loop", None)
         if close is not None:  # its connections of the loop, closed as the loop ends
             runner.loop.at_end.append(close)

@@ -63,6 +63,16 @@ def test_schedules_that_once_broke_an_invariant_keep_every_invariant(seed: int) 
     assert not violations, f"seed {seed}: {violations[0]}\n  {schedule.describe()}"
 
 
+# async def seeds that broke an invariant once, run as drawn: 1864, a handler blocking the
+# loop while a message's key was claimed on a helper thread in time, past which its lease
+# ran out: the loop, resuming late, ran it on a handle SQS had handed on.
+@pytest.mark.parametrize("seed", [1864])
+def test_coroutine_schedules_that_once_broke_an_invariant_keep_every_invariant(seed: int) -> None:
+    schedule, violations = simulate(seed)
+    assert schedule.coroutines and schedule.blocks_loop
+    assert not violations, f"seed {seed}: {violations[0]}\n  {schedule.describe()}"
+
+
 def test_a_coroutine_worker_s_helper_threads_are_of_its_process(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

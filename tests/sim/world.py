@@ -179,11 +179,15 @@ class Schedule:
     # Its receives on the loop, awaited as the lean client's are (``receive_async``), or
     # on receive threads, as with botocore's client or through a proxy.
     offloaded: bool = False
+    # Now and then its handler blocks the loop for 0.5 to 90 s (a blocking call in an
+    # async def): the deletes and returns the loop holds up go to the sender threads.
+    blocks_loop: bool = False
 
     @property
     def calm(self) -> bool:
-        """No fault, no stop, no crash: then no lease may be lost."""
-        return self.faults.none and not self.stops and not self.crashes
+        """No fault, no stop, no crash, no handler blocking the loop (whose receives then
+        wait with their answers): then no lease may be lost."""
+        return self.faults.none and not self.stops and not self.crashes and not self.blocks_loop
 
     def describe(self) -> str:
         kinds = defaultdict(int)
@@ -196,6 +200,7 @@ class Schedule:
             f"crashes {self.crashes}, idempotency keys {self.keyed}, copies {sorted(self.copies)}"
             + (", async def" if self.coroutines else "")
             + (" (receive threads)" if self.offloaded else "")
+            + (" (handlers block the loop)" if self.blocks_loop else "")
             + (
                 f", hostile {self.hostile} (count {self.reported_count}, redrive hidden "
                 f"{self.hide_redrive}), floods {self.floods}"
@@ -360,6 +365,7 @@ def draw(seed: int) -> Schedule:
     if drawn.random() < 0.2 and "batch_size" not in config:
         schedule.coroutines = True
         schedule.offloaded = drawn.random() < 0.3
+        schedule.blocks_loop = drawn.random() < 0.3
     return schedule
 
 
@@ -1004,6 +1010,7 @@ class World:
         self.gone_handles: set[str] = set()  # handles SQS answered as no longer owning a message
         self.store = SimStore(self) if schedule.keyed else None
         self.running_keys: defaultdict[int, list[Message]] = defaultdict(list)
+        self.loop_blocked: set[str] = set()  # the workers whose loop a handler blocks now
         self.sent: defaultdict[int, int] = defaultdict(int)  # copies sent of each message
         self.stale_deletes: set[str] = set()  # handles a delete named after a newer receive
         self.handle_ids: dict[str, str] = {}  # receipt handle -> message id, as received
@@ -1089,12 +1096,24 @@ class World:
             plan, attempt, duration = self._attempt(message)
             if plan.extend is not None:
                 await asyncio.sleep(duration / 2)
-                asked = self.clock.monotonic()
-                loop = asyncio.get_running_loop()
-                with contextlib.suppress(LeaseLost):
-                    await loop.run_in_executor(helpers, message.lease.extend, plan.extend)
-                self._check_extend(message, asked)
+
+                def extend(extend: int = plan.extend) -> None:  # timed where it runs: a
+                    asked = self.clock.monotonic()  # blocked loop delays its resumption
+                    with contextlib.suppress(LeaseLost):
+                        message.lease.extend(extend)
+                    self._check_extend(message, asked)
+
+                await asyncio.get_running_loop().run_in_executor(helpers, extend)
                 await asyncio.sleep(duration / 2)
+            elif self.schedule.blocks_loop and self.clock.rng.random() < 0.5:
+                blocked = min(duration, self.clock.rng.uniform(0.5, 90))
+                group = self.clock.current().group
+                self.loop_blocked.add(group)  # the simulated thread sleeps, the loop stalls
+                try:
+                    self.clock.sleep(blocked)
+                finally:
+                    self.loop_blocked.discard(group)
+                await asyncio.sleep(duration - blocked)
             else:
                 await asyncio.sleep(duration)
             self._outcome(plan, attempt)
@@ -1313,6 +1332,8 @@ class World:
         loop has run every wake-up it was sent, so none is counted as woken, and none
         waits untimed while a receive it would make is possible."""
         receiver, index = running.worker.receiver, running.recorder.index
+        if running.group in self.loop_blocked:
+            return  # a handler blocks the loop: its receives wait for it
         now = self.clock.monotonic()
         loop = [t for t in self.clock.live() if t.group == running.group]
         loop = [t for t in loop if t.name == "sqsworker-event-loop"]
