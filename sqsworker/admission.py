@@ -95,12 +95,10 @@ class Admission:
                 return self._skipped(held, "its idempotency key was being claimed")
         return Step.RUN
 
-    def resumed(self, held: Held) -> Step:
-        """The steps ran on a helper thread and the event loop resumed the message after
-        them: it runs only if its lease still lives (a handler may have blocked the loop
-        past it, and the message gone to another consumer)."""
-        if self.keeper.still_running(held):
-            return Step.RUN
+    def lapsed(self, held: Held) -> Step:
+        """The steps ran on a helper thread, and the event loop resumed the message past
+        its lease (a handler blocked the loop; the message may be another consumer's
+        now): it does not run, its claim released (the store called, off the loop)."""
         if self.idempotency:
             self.settler.release_claim(held.message)
         return self._skipped(held, "the event loop was blocked")

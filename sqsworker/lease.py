@@ -154,12 +154,12 @@ class LeaseKeeper:
             self._loop_calls = LoopCalls(self, loop, blocked)
             return self._loop_calls
 
-    def off_loop(self, calls: LoopCalls) -> None:
+    def off_loop(self) -> None:
         """The loop ends: what it has not begun, and every later call, go to the senders."""
         with self._lock:
-            if self._loop_calls is calls:
-                self._loop_calls = None
-                self._to_senders(calls.take_waiting())
+            if self._loop_calls is not None and not self._loop_calls.detached:
+                self._loop_calls.detached = True
+                self._to_senders(self._loop_calls.take_waiting())
 
     def add(self, envelopes: Sequence[Envelope], received_at: float, timeout: int) -> list[Held]:
         arrived = [Held(self, e, received_at, timeout) for e in envelopes]
@@ -325,7 +325,7 @@ class LeaseKeeper:
         with self._lock:
             look_by = self.machine.settle(op, self.clock.monotonic(), allow_lost)
             loop = self._loop_calls
-            if look_by == -math.inf and loop is not None and loop.on_its_thread():
+            if look_by == -math.inf and loop is not None and loop.takes_calls(here=True):
                 # A batch filled on the loop the calls are made on: handed out here, as
                 # the lease thread would, so that no thread wakes for it (unless it does
                 # not look at the loop within LOOK).
@@ -439,7 +439,7 @@ class LeaseKeeper:
         settles = [call for call in calls if call.ops]
         renews = [call for call in calls if call.renewals]
         loop = self._loop_calls
-        if loop is not None and settles and loop.blocked() <= 0:
+        if loop is not None and settles and loop.takes_calls():
             loop.queue(settles)
             settles = []
         self._renewal_calls.extend(renews)

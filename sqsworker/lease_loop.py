@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -65,7 +66,7 @@ class Keeper(Protocol):
     machine: LeaseMachine
     transport: Any
 
-    def off_loop(self, calls: LoopCalls) -> None: ...
+    def off_loop(self) -> None: ...
 
     def loop_call_ended(
         self, call: Call, entries: list[tuple[Any, int]], outcome: BatchResult | BaseException
@@ -86,15 +87,19 @@ class LoopCalls:
         self.transport: LoopSettles = keeper.transport
         self.waiting: deque[Call] = deque()
         self.assigned: dict[int, Call] = {}
-        self.started: dict[int, Call] = {}
+        self.started: dict[int, tuple[float, Call]] = {}  # with when each was begun
+        self.detached = False  # the loop ends: it takes no more calls
         self._tasks: dict[asyncio.Task[None], Call] = {}
         self._starting = False  # a start is scheduled on the loop
         self._thread: int | None = None  # the loop's, once it began a call
 
     # -- for the keeper, under its lock -----------------------------------------------
 
-    def on_its_thread(self) -> bool:
-        return threading.get_ident() == self._thread
+    def takes_calls(self, here: bool = False) -> bool:
+        """It takes calls now (``here``: and this is its thread): not ending, not blocked."""
+        if self.detached or (here and threading.get_ident() != self._thread):
+            return False
+        return self.blocked() <= 0
 
     def queue(self, calls: list[Call]) -> None:
         """Calls for the loop to make: begun in its next pass."""
@@ -102,7 +107,7 @@ class LoopCalls:
         if self._starting:
             return
         self._starting = True
-        if self.on_its_thread():
+        if threading.get_ident() == self._thread:
             self.loop.call_soon(self._start)
         else:
             self.loop.call_soon_threadsafe(self._start)
@@ -113,25 +118,26 @@ class LoopCalls:
     def late(self, now: float) -> tuple[list[Call], bool]:
         """While the loop is blocked: the calls it has not begun (taken back, for the
         threads); and once it has been blocked ``GIVE_UP`` seconds, those it began are
-        given up (True if any was), their messages' calls made again."""
+        given up (True if any was), their messages' calls made again. Once it ends (its
+        heartbeat stops), those it began have the client's bounds, ``CALL_MOST``."""
         if not self.pending():
             return [], False
-        blocked = self.blocked()
-        if blocked <= 0:
+        blocked = 0.0 if self.detached else self.blocked()
+        if blocked <= 0 and not self.detached:
             return [], False
         not_begun = self.take_waiting()
-        stuck: list[Call] = []
-        if blocked >= GIVE_UP and self.started:
-            stuck = list(self.started.values())
-            self.started.clear()
-            for call in stuck:
-                self.keeper.machine.broke(call, now)
-                self.keeper.machine.ended(call)
+        # Given up: begun past the client's bounds, or (blocked GIVE_UP s) any.
+        last = now - CALL_MOST if self.detached else math.inf if blocked >= GIVE_UP else 0
+        stuck = [call for began, call in self.started.values() if last and began <= last]
+        for call in stuck:
+            del self.started[id(call)]
+            self.keeper.machine.broke(call, now)
+            self.keeper.machine.ended(call)
+        if stuck:
             log.error(
                 "deletes or returns on the event loop were held up by a handler blocking "
                 "the loop; they are made again on a thread",
                 calls=len(stuck),
-                blocked_seconds=round(blocked, 1),
             )
         return not_begun, bool(stuck)
 
@@ -166,7 +172,7 @@ class LoopCalls:
             with keeper.lock:
                 if self.assigned.pop(id(call), None) is None:
                     return  # made on a thread instead
-                self.started[id(call)] = call
+                self.started[id(call)] = (keeper.clock.monotonic(), call)
                 entries = keeper.machine.sending(call, keeper.clock.monotonic())
             if call.ops[0].action == "delete":
                 outcome = await self.transport.delete_batch_async(
@@ -188,7 +194,7 @@ class LoopCalls:
     def detach(self, loop: asyncio.AbstractEventLoop) -> None:
         """As the loop ends (on its thread, not running): the calls it has not begun go to
         the threads, those under way are waited out within ``CALL_MOST``, then given up."""
-        self.keeper.off_loop(self)
+        self.keeper.off_loop()
         with self.keeper.lock:  # not those the lease thread gave up already
             ours = [task for task, call in self._tasks.items() if id(call) in self.started]
         tasks = list(self._tasks)

@@ -355,8 +355,9 @@ class Coroutines(Runner):
             started = self.clock.monotonic()
             if self.admission.blocks(held):
                 step = await offload(self.admission.prepare, held, started)
-                if step is Step.RUN:  # resumed by the loop, maybe late (a handler blocked it)
-                    step = self.admission.resumed(held)
+                # Resumed by the loop, maybe late (a handler blocked it past the lease).
+                if step is Step.RUN and not self.keeper.still_running(held):
+                    step = await offload(self.admission.lapsed, held)
             else:
                 step = self.admission.prepare(held, started)
             if step is not Step.RUN:

@@ -376,6 +376,7 @@ class Worker:
         #    and those taken to run that never began (a coroutine that had not started, a
         #    batch still being made ready): begun late, they are skipped. Coroutine
         #    handlers still running are cancelled then (thread handlers cannot be).
+        self.keeper.off_loop()  # from now on deletes and returns go to the lease's threads
         self.keeper.hand_back([] if clean else self.keeper.unsettled())
         self.runner.close()
 

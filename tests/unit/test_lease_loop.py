@@ -296,6 +296,33 @@ def test_a_call_given_up_after_the_stop_gave_up_is_reported(
     calls.detach(loop)
 
 
+def test_once_the_loop_ends_its_calls_are_bounded_by_the_client_s_not_its_heartbeat(
+    memory: MemorySQS, clock: FakeClock, loop: asyncio.AbstractEventLoop
+) -> None:
+    # the worker's shutdown detaches the loop before closing it; past its close the
+    # heartbeat stops (it reads 0) while a handler that ignores its cancellation may still
+    # block the loop: a call it began is given up past the client's bounds, no later
+    keeper, transport = _keeper(memory, clock, hang=1)
+    calls = keeper.on_loop(loop, Blocked())
+    thread = _running(loop)
+    _succeed_all(keeper, transport, clock, lease=600)
+    wait_until(lambda: bool(calls.started), what="the delete under way on the loop")
+    keeper.off_loop()  # the shutdown's step 5
+    _succeed_all(keeper, transport, clock, lease=600)  # to the senders now
+    wait_until(lambda: keeper.held_count() == 10, what="the ten later ones deleted")
+    assert [name.rsplit("-", 1)[0] for name in transport.threads] == ["sqsworker-lease-sender"]
+    stopped: list[int] = []
+    stopping = threading.Thread(target=lambda: stopped.append(keeper.stop(2)))
+    stopping.start()
+    clock.advance(CALL_MOST - 1)
+    assert calls.started and not stopped  # the client may still answer it
+    clock.advance(1)
+    stopping.join(5)
+    assert stopped == [10] and not calls.started  # given up, its deletes left unsent
+    _stop(loop, thread)
+    calls.detach(loop)
+
+
 def test_as_the_loop_ends_what_it_has_not_begun_goes_to_the_senders(
     memory: MemorySQS, clock: FakeClock, loop: asyncio.AbstractEventLoop
 ) -> None:
