@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -126,9 +125,10 @@ class LoopCalls:
         if blocked <= 0 and not self.detached:
             return [], False
         not_begun = self.take_waiting()
-        # Given up: begun past the client's bounds, or (blocked GIVE_UP s) any.
-        last = now - CALL_MOST if self.detached else math.inf if blocked >= GIVE_UP else 0
-        stuck = [call for began, call in self.started.values() if last and began <= last]
+        if self.detached:  # given up past the client's bounds
+            stuck = [call for began, call in self.started.values() if began <= now - CALL_MOST]
+        else:  # given up once blocked GIVE_UP seconds
+            stuck = [call for _, call in self.started.values()] if blocked >= GIVE_UP else []
         for call in stuck:
             del self.started[id(call)]
             self.keeper.machine.broke(call, now)
