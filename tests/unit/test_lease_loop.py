@@ -116,6 +116,18 @@ def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
     thread.join(5)
 
 
+def _under_way(
+    memory: MemorySQS, clock: FakeClock, loop: Any, blocked: Blocked, lease: int
+) -> tuple[LeaseKeeper, OnLoop, LoopCalls, threading.Thread]:
+    """A batch's delete under way on a running loop, never answered until ``release``."""
+    keeper, transport = _keeper(memory, clock, hang=1)
+    calls = keeper.on_loop(loop, blocked)
+    thread = _running(loop)
+    _succeed_all(keeper, transport, clock, lease=lease)
+    wait_until(lambda: bool(calls.started), what="the delete under way on the loop")
+    return keeper, transport, calls, thread
+
+
 def _end(
     keeper: LeaseKeeper, calls: LoopCalls, loop: asyncio.AbstractEventLoop, thread: Any
 ) -> None:
@@ -187,11 +199,7 @@ def test_a_slow_call_on_a_loop_that_runs_is_never_given_up(
 ) -> None:
     # the SQS client's own timeouts bound it (four tries may take 140 s): giving it up
     # would make the same deletes twice at once, as SQS struggles
-    keeper, transport = _keeper(memory, clock, hang=1)
-    calls = keeper.on_loop(loop, Blocked())
-    thread = _running(loop)
-    _succeed_all(keeper, transport, clock, lease=600)
-    wait_until(lambda: bool(calls.started), what="the delete under way on the loop")
+    keeper, transport, calls, thread = _under_way(memory, clock, loop, Blocked(), 600)
     clock.advance(2 * CALL_MOST)
     assert calls.started and keeper.held_count() == 10 and transport.threads == []
     transport.release.set()  # SQS answers at last
@@ -203,12 +211,8 @@ def test_a_slow_call_on_a_loop_that_runs_is_never_given_up(
 def test_a_call_a_blocked_loop_holds_up_is_made_again_on_a_thread(
     memory: MemorySQS, clock: FakeClock, loop: asyncio.AbstractEventLoop
 ) -> None:
-    keeper, transport = _keeper(memory, clock, hang=1)
     blocked = Blocked()
-    calls = keeper.on_loop(loop, blocked)
-    thread = _running(loop)
-    _succeed_all(keeper, transport, clock)
-    wait_until(lambda: bool(calls.started), what="the delete under way on the loop")
+    keeper, transport, calls, thread = _under_way(memory, clock, loop, blocked, 60)
     blocked.seconds = GIVE_UP - 0.1
     clock.advance(LOOK)
     assert calls.started  # its answer may yet be read
@@ -275,12 +279,8 @@ def test_a_defect_while_an_answer_on_the_loop_is_fed_back_still_ends_the_call(
 def test_a_call_given_up_after_the_stop_gave_up_is_reported(
     memory: MemorySQS, clock: FakeClock, loop: asyncio.AbstractEventLoop
 ) -> None:
-    keeper, transport = _keeper(memory, clock, hang=1)
     blocked = Blocked()
-    calls = keeper.on_loop(loop, blocked)
-    thread = _running(loop)
-    _succeed_all(keeper, transport, clock, lease=30)
-    wait_until(lambda: bool(calls.started), what="the delete under way on the loop")
+    keeper, _, calls, thread = _under_way(memory, clock, loop, blocked, 30)
     stopped: list[int] = []
     stopping = threading.Thread(target=lambda: stopped.append(keeper.stop(5)))
     stopping.start()
@@ -302,11 +302,7 @@ def test_once_the_loop_ends_its_calls_are_bounded_by_the_client_s_not_its_heartb
     # the worker's shutdown detaches the loop before closing it; past its close the
     # heartbeat stops (it reads 0) while a handler that ignores its cancellation may still
     # block the loop: a call it began is given up past the client's bounds, no later
-    keeper, transport = _keeper(memory, clock, hang=1)
-    calls = keeper.on_loop(loop, Blocked())
-    thread = _running(loop)
-    _succeed_all(keeper, transport, clock, lease=600)
-    wait_until(lambda: bool(calls.started), what="the delete under way on the loop")
+    keeper, transport, calls, thread = _under_way(memory, clock, loop, Blocked(), 600)
     keeper.off_loop()  # the shutdown's step 5
     _succeed_all(keeper, transport, clock, lease=600)  # to the senders now
     wait_until(lambda: keeper.held_count() == 10, what="the ten later ones deleted")
