@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, cast
 
 from .clock import Clock
@@ -11,6 +12,15 @@ from .errors import LeaseLost
 from .lease_state import Entry
 from .message import Message
 from .transports import Envelope, Transport
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a keeper holds, for the metrics: counts by state and the oldest receive."""
+
+    waiting: int
+    running: int
+    oldest_received_at: float | None  # monotonic; the 12-hour cap counts from it
 
 
 class Keeper(Protocol):

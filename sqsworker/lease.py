@@ -24,7 +24,6 @@ import math
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import cast
 
@@ -32,7 +31,7 @@ from .clock import Clock, Task
 from .errors import LeaseLost, TransportError
 from .events import Observer
 from .health import Progress
-from .held import Held, HeldLease, message_of, messages_of
+from .held import Held, HeldLease, Snapshot, message_of, messages_of
 from .lease_loop import LOOK, LoopCalls
 from .lease_machine import CAP_MARGIN, NEAR_CAP, RETRY_AFTER_ERROR, LeaseMachine
 from .lease_state import (
@@ -79,13 +78,6 @@ def _failures(batch: Sequence[object], result: BatchResult) -> dict[int, EntryFa
         return {}
     by_id = {f.id: f for f in result.failed}
     return {i: by_id[str(i)] for i in range(len(batch)) if str(i) in by_id}
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    waiting: int
-    running: int
-    oldest_received_at: float | None  # monotonic; the 12-hour cap counts from it
 
 
 class LeaseKeeper:
@@ -165,7 +157,9 @@ class LeaseKeeper:
         arrived = [Held(self, e, received_at, timeout) for e in envelopes]
         with self._lock:
             held = self.machine.received(arrived)  # without messages held already
-            self._wake.notify_all()
+            # Only a lease thread waiting past their renewal wakes (a busy one sees them).
+            if held and min(h.renew_at for h in held) < self._waiting_until:
+                self._wake.notify_all()
         return held
 
     def begin(self, held: Held) -> bool:

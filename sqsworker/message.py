@@ -199,15 +199,20 @@ class Message:
     @property
     def log_context(self) -> dict[str, Any]:
         """The fields every log line about this message carries. Never the body."""
+        # Read twice a message (its handler's log fields, its log line): no property twice.
+        envelope = self._envelope
         context: dict[str, Any] = {
             "queue": self.queue,
-            "message_id": self.message_id,
+            "message_id": envelope.message_id,
             "receive_count": self.receive_count,
         }
-        if self.group_id is not None:  # a FIFO queue's group, or a fair queue's tenant
-            context["group_id"] = self.group_id
-        if self.trace_header:
-            context["aws_trace_header"] = self.trace_header
+        attributes = envelope.attributes
+        group = attributes.get("MessageGroupId")
+        if group is not None:  # a FIFO queue's group, or a fair queue's tenant
+            context["group_id"] = group
+        trace_header = attributes.get("AWSTraceHeader")
+        if trace_header:
+            context["aws_trace_header"] = trace_header
         if self.idempotency_key is not None:
             context["idempotency_key"] = self.idempotency_key
         return context
