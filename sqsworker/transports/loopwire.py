@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import cast
 
 from botocore.exceptions import (
     BotoCoreError,
@@ -156,8 +157,8 @@ class _Connection(asyncio.Protocol):
     # -- the loop's callbacks --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport: not always a subclass of asyncio.Transport (uvloop's are not)
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader

@@ -22,6 +22,7 @@ import pytest
 from sqsworker import Worker, WorkerConfig
 from sqsworker.clock import FakeClock
 from sqsworker.errors import QueueNotFound, TransportError
+from sqsworker.events import Tally
 from sqsworker.local import LocalSQS
 from sqsworker.receiving import LOOP_RECEIVE_MOST
 from sqsworker.transports import BatchResult, Envelope, OutgoingMessage, Transport, send_all
@@ -484,6 +485,48 @@ def test_only_the_lean_client_receives_and_deletes_on_a_coroutine_worker_s_loop(
         worker.request_stop()
         assert worker.shutdown() == 0
     assert sorted(ran) == ["a", "b", "c"]
+    assert transport.counts().visible + transport.counts().in_flight == 0
+
+
+def test_a_coroutine_worker_runs_on_the_event_loop_its_policy_makes(
+    local_sqs: LocalSQS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # uvloop.install() in a handler's module, as users of it do: the worker's loop is
+    # uvloop's, whose transports are not asyncio.Transport's subclasses (each receive on
+    # the loop failed on an assertion there, and the worker received nothing)
+    uvloop = pytest.importorskip("uvloop")
+    for key, value in local_sqs.env().items():
+        monkeypatch.setenv(key, value)
+    name = unique("uvloop")
+    local_sqs.create_queue(name)
+    transport = SQSTransport.connect(name, endpoint_url=local_sqs.endpoint_url, sqs_client="lean")
+    send_all(transport, [str(i) for i in range(25)])
+    ran: list[str] = []
+    loops: set[str] = set()
+
+    async def handler(message: Any) -> None:
+        loops.add(type(asyncio.get_running_loop()).__module__)
+        await asyncio.sleep(0.01)
+        ran.append(message.body)
+
+    config = WorkerConfig(queue=name, concurrency=8, wait_time=1, metrics_port=None)
+    tally = Tally()
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        worker = Worker(handler, config, transport=transport, observer=tally)
+        worker.start()
+        try:
+            wait_until(lambda: len(ran) == 25, what="the messages to run")
+            wait_until(lambda: worker.keeper.held_count() == 0, what="their deletes")  # type: ignore[union-attr]
+            assert worker.receiver._loop is not None  # received on the loop, not on threads
+        finally:
+            worker.request_stop()
+            assert worker.shutdown() == 0
+    finally:
+        asyncio.set_event_loop_policy(None)
+    assert loops == {"uvloop"}
+    assert sorted(ran, key=int) == [str(i) for i in range(25)]
+    assert tally.counts["receive_failures"] == 0
     assert transport.counts().visible + transport.counts().in_flight == 0
 
 

@@ -45,8 +45,14 @@ T = TypeVar("T")
 class OnLoop:
     """A ``LoopWire`` on an event loop of its own thread, called as a ``Wire`` is."""
 
-    def __init__(self, port: int, read_timeout: float, context: ssl.SSLContext | None) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(
+        self,
+        port: int,
+        read_timeout: float,
+        context: ssl.SSLContext | None,
+        new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
+    ) -> None:
+        self.loop = new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         scheme = "https" if context is not None else "http"
@@ -88,14 +94,17 @@ class OnLoop:
 
 
 class LoopScripted(Scripted):
-    def __init__(self, answers: list[bytes | None]) -> None:
+    def __init__(
+        self, answers: list[bytes | None], new_loop: Callable[[], asyncio.AbstractEventLoop]
+    ) -> None:
         super().__init__(answers)
+        self.new_loop = new_loop
         self.made: list[OnLoop] = []
 
     def wire(  # type: ignore[override]
         self, read_timeout: float = 5.0, context: ssl.SSLContext | None = None
     ) -> OnLoop:
-        made = OnLoop(self.port, read_timeout, context)
+        made = OnLoop(self.port, read_timeout, context, self.new_loop)
         self.made.append(made)
         return made
 
@@ -103,12 +112,23 @@ class LoopScripted(Scripted):
 Make = Callable[[list[bytes | None]], LoopScripted]
 
 
-@pytest.fixture
-def endpoint() -> Iterator[Make]:
+# The loops a worker's may be: asyncio's, and uvloop's (a user's policy may make it), whose
+# transports (TLS too) are its own.
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+try:
+    import uvloop
+
+    LOOPS["uvloop"] = uvloop.new_event_loop
+except ImportError:  # not on every platform
+    pass
+
+
+@pytest.fixture(params=list(LOOPS))
+def endpoint(request: pytest.FixtureRequest) -> Iterator[Make]:
     servers: list[LoopScripted] = []
 
     def make(answers: list[bytes | None]) -> LoopScripted:
-        server = LoopScripted(answers)
+        server = LoopScripted(answers, LOOPS[request.param])
         servers.append(server)
         return server
 
