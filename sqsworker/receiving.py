@@ -395,11 +395,11 @@ class Receiver:
             self._answered(index, full=False)
             if self._failing_since is None:
                 self._failing_since = began
-            self._last_error = str(exc)
+            self._last_error = text = _described(exc)
             failing_for = self.clock.monotonic() - self._failing_since
-        error = exc if isinstance(exc, TransportError) else TransportError(str(exc))
+        error = exc if isinstance(exc, TransportError) else TransportError(text)
         self.observer.receive_failed(error, retry_in)
-        self.observer.sqs_unanswered(failing_for, str(exc))
+        self.observer.sqs_unanswered(failing_for, text)
 
     def _empty(self, index: int, wait: int) -> bool:
         """A receive came back empty. True in burst mode: the caller looks whether the
@@ -548,6 +548,14 @@ class Receiver:
         except TransportError as exc:
             self.observer.request_failed("GetQueueAttributes", exc)
             return False
+
+
+def _described(exc: Exception) -> str:
+    """A receive's error as its log line and /healthz say it: SQS's words, or for a fault
+    of another kind (a defect, which may have no words) its type too."""
+    if isinstance(exc, TransportError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _check_waited(waited: float, wait: int) -> None:

@@ -461,6 +461,22 @@ def test_health_says_how_long_sqs_has_not_answered_and_stays_ready(
     assert rig.stop() == 0
 
 
+def test_a_receive_failing_on_a_defect_without_words_is_named_by_its_type(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    # an AssertionError() of the client's (on an event loop it did not expect) was logged
+    # as `receive failed; retrying error=''`
+    rig = Rig(memory, clock, lambda m: None)
+    memory.inject_fault("ReceiveMessage", AssertionError(), times=1000)
+    rig.worker.start()
+    rig.advance_until(lambda: rig.worker.sqs_unanswered()[0] >= 25)
+    assert rig.worker.sqs_unanswered()[1] == "AssertionError"
+    assert rig.worker.health().as_dict()["sqs"].endswith("AssertionError")
+    memory.clear_faults()
+    rig.advance_until(lambda: rig.worker.health().as_dict()["sqs"] == "ok", step=5)
+    assert rig.stop() == 0
+
+
 def test_a_handled_message_whose_delete_never_went_is_counted_not_deleted(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
