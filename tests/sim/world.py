@@ -44,6 +44,7 @@ from sqsworker.coroutines import Helpers
 from sqsworker.errors import ConfigError, LeaseLost, StoreError, TransportError
 from sqsworker.events import Observer, Observers
 from sqsworker.idempotency import CLAIM_MARGIN
+from sqsworker.lease_state import LIVE
 from sqsworker.running import Coroutines
 from sqsworker.stores import Lease, Record
 from sqsworker.stores.memory import MemoryStore
@@ -1254,6 +1255,8 @@ class World:
             held = worker.keeper.held_count()
             for broken in worker.keeper.check():  # the lease machine's own invariants
                 self.violation(f"worker {running.recorder.index}'s lease machine: {broken}")
+            if asleep := _lease_thread_asleep_past_work(self.clock, running.group, worker, now):
+                self.violation(f"worker {running.recorder.index}'s lease thread {asleep}")
             if held > worker.held_bound:
                 self.violation(
                     f"worker {running.recorder.index} holds {held} > {worker.held_bound}"
@@ -1580,3 +1583,35 @@ def _final_checks(world: World) -> None:
             world.violation(
                 f"message {number} was lost: not in the queue, not dead-lettered, never succeeded"
             )
+
+
+def _lease_thread_asleep_past_work(
+    clock: SimClock, group: str, worker: Worker, now: float
+) -> str | None:
+    """A wake-up lost: the lease thread sleeps on its condition, and nothing woke it, past
+    a moment its machine has work at (a renewal, a delete or return to send, a lease
+    running out). Each step that brings such work sooner must wake it; the other
+    invariants see a miss only once it cost a lease, if ever. (A message busy in a call
+    is left out: that call's end wakes the thread.)"""
+    keeper = worker.keeper
+    assert keeper is not None
+    lease = [t for t in clock.tasks if t.group == group and t.name == "sqsworker-lease"]
+    if not lease or lease[-1].finished or lease[-1].woken or lease[-1].cond is not keeper._wake:
+        return None
+    if keeper._waiting_until == -math.inf:  # the stop's wait for the calls under way
+        return None
+    until = math.inf if lease[-1].deadline is None else lease[-1].deadline
+    machine = keeper.machine
+    work = [(e.renew_at, "a renewal") for e in machine._renewable()]
+    work += [
+        (op.not_before if op.urgent else max(op.not_before, machine._send_by(op)), op.action)
+        for op in machine.ops
+        if not op.entry.busy
+    ]
+    work += [
+        (e.expires_at, "an expiry") for e in machine.held.values() if e.state in LIVE and not e.busy
+    ]
+    moment, what = min(work, default=(math.inf, ""))
+    if moment < until:
+        return f"sleeps until {until - now:+.3f} s past {what} due at {moment - now:+.3f} s"
+    return None
