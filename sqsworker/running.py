@@ -220,36 +220,46 @@ class Batches(Runner):
                         kept.append(held)
                 if fifo and not held.gone:
                     stopped.add(group)
-            ready = self._still_ready(ready, fifo, behind)
-            if ready:
-                for held in ready:
-                    self.observer.handler_started(held.message)
-                self._call(ready, started, fifo, behind)
+            ready, unclaimed = self._still_ready(ready, fifo, behind)
+            try:
+                if ready:
+                    for held in ready:
+                        self.observer.handler_started(held.message)
+                    self._call(ready, started, fifo, behind)
+            finally:
+                for held in unclaimed:  # the store's calls, once the handler was called
+                    self.settler.release_claim(held.message)
             for held in behind:
                 self.keeper.release(held, 0, HANDED_BACK_BEHIND, urgent=True)
         return [held for held in batch if held not in kept]
 
-    def _still_ready(self, ready: list[Held], fifo: bool, behind: list[Held]) -> list[Held]:
+    def _still_ready(
+        self, ready: list[Held], fifo: bool, behind: list[Held]
+    ) -> tuple[list[Held], list[Held]]:
         """Those of ``ready`` (in batch order) whose lease is still alive now that the whole
         batch was made ready (the store or S3 may have taken long): the others are not
-        run, and on a FIFO queue neither are their group's later ones in the batch."""
-        still = []
+        run, and on a FIFO queue neither are their group's later ones in the batch. And
+        those whose key's claim is to be released, which the caller does once the handler
+        was called: a store's call here would let the leases found alive run out before
+        the handler starts (simulator seed 658)."""
+        still: list[Held] = []
+        unclaimed: list[Held] = []
         cut: set[str | None] = set()
         for held in ready:
             group = held.message.group_id
             if group in cut:
-                self.settler.release_claim(held.message)
+                unclaimed.append(held)
                 behind.append(held)
             elif self.keeper.still_running(held):
                 still.append(held)
             else:
-                self.settler.release_claim(held.message)
+                unclaimed.append(held)
                 self.observer.handler_skipped(
                     held.message, "its lease ran out while its batch was made ready"
                 )
                 if fifo:
                     cut.add(group)
-        return still
+        return still, unclaimed
 
     def _call(self, ready: list[Held], started: float, fifo: bool, behind: list[Held]) -> None:
         """Call the handler with ``ready`` and settle each by its outcome. On a FIFO queue,
