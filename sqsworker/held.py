@@ -31,6 +31,8 @@ class Keeper(Protocol):
 
     def extend(self, held: Held, seconds: int) -> float: ...
 
+    def cover(self, held: Held, seconds: float) -> None: ...
+
 
 class Held(Entry):
     """A message this worker holds, and its lease (the ``Lease`` its handler sees)."""
@@ -58,8 +60,19 @@ class Held(Entry):
         idempotency claim outlives this, not only ``seconds_left``.)"""
         return self.may_hold(self.keeper.clock.monotonic())
 
+    @property
+    def next_renewal(self) -> tuple[float, int]:
+        """Seconds until its lease's next renewal is due (-inf: at once; inf: none comes,
+        at the 12-hour cap), and the seconds that renewal asks for."""
+        return self.renew_at - self.keeper.clock.monotonic(), self.timeout
+
     def extend(self, seconds: int) -> float:
         return self.keeper.extend(self, seconds)
+
+    def cover(self, seconds: float) -> None:
+        """Its idempotency claim lets SQS hide it up to ``seconds`` from now (inf: it has
+        none): no renewal goes that would hide it longer."""
+        self.keeper.cover(self, seconds)
 
 
 class HeldLease:
@@ -97,11 +110,21 @@ class HeldLease:
         held = self._held()
         return 0.0 if held is None else held.may_hold_for
 
+    @property
+    def next_renewal(self) -> tuple[float, int] | None:
+        held = self._held()
+        return None if held is None else held.next_renewal
+
     def extend(self, seconds: int) -> float:
         held = self._held()
         if held is None:
             raise LeaseLost("the worker no longer holds this message")
         return held.extend(seconds)
+
+    def cover(self, seconds: float) -> None:
+        held = self._held()
+        if held is not None:
+            held.cover(seconds)
 
 
 def message_of(entry: Entry) -> Message:

@@ -3,10 +3,13 @@
 Before a handler runs, the worker claims the message's key (``keys.py``) in the
 store (``stores/``):
 
-- no live record: the key is taken IN_PROGRESS until ``margin`` seconds after the
-  message's visibility lease ends; while the handler runs, ``ClaimKeeper`` keeps
-  the claim that far ahead of the lease, so a crashed worker's claim lapses
-  ``margin`` seconds after SQS hands its message to another;
+- no live record: the key is taken IN_PROGRESS to cover the message's visibility
+  lease and its next renewal, with ``HEADROOM`` to spare, plus ``margin``. While the
+  handler runs, ``ClaimKeeper`` moves the claim before each renewal, and the lease
+  thread sends no renewal its claim does not cover (``Entry.claim_until``): SQS never
+  hides the message past its claim, even when the worker stops right after a renewal
+  went. A crashed worker's claim lapses at most a visibility timeout plus
+  ``HEADROOM`` and ``margin`` after SQS hands its message to another;
 - COMPLETED: a duplicate, deleted without running the handler;
 - IN_PROGRESS under another claim: the message waits until that claim ends, and
   is checked again then;
@@ -34,25 +37,26 @@ from typing import TYPE_CHECKING, Any
 
 from .clock import Clock, Task
 from .keys import KeyPolicy, derive, digest
-from .stores import Lease, State, Store, TransactionalStore, open_store
+from .stores import Lease, Record, State, Store, TransactionalStore, open_store
 
 if TYPE_CHECKING:
     from .config import WorkerConfig
     from .message import Message
 
-# A claim outlives its message's lease, as the worker counts it, by this much. SQS
-# starts a lease's countdown when a receive or a renewal reaches it, which is later
-# than the worker counts from by up to one call's time (the SQS client gives up
-# after 5 s to connect plus 30 s to read), and clocks of different hosts disagree
-# (records hold wall-clock times). A renewal goes with at least 3/4 of it left
-# (45 s): every store's calls are bounded below that (STORE_CALL_LIMIT), so a claim
-# cannot lapse while a renewal of it is on its way.
+# A claim outlives what SQS may hide its message for, as the worker counts it, by this
+# much. SQS starts a lease's countdown when a receive or a renewal reaches it, which
+# is later than the worker counts from by up to one call's time (the SQS client gives
+# up after 5 s to connect plus 30 s to read), and clocks of different hosts disagree
+# (records hold wall-clock times).
 CLAIM_MARGIN = 60.0
-RENEW_BELOW = 0.75  # renew a claim once it has less than this share of what renewing gives it
-RIDE_ALONG_BELOW = 0.9  # ... or less than this, when a store call goes anyway
+# A claim covers its lease's next renewal with this much to spare, and moves again once
+# half of it is used: a store failing or slow for less than half of it holds up no
+# renewal, and even the slowest store call (STORE_CALL_LIMIT) costs no lease of the
+# default 30 s, which lasts that long past the last renewal its claim covered.
+HEADROOM = 45.0
+WRITE_AHEAD = 0.25  # a claim moves once its lease's renewal is this share of a timeout away
+RIDE_AHEAD = 0.5  # ... or this share, when a store call goes anyway
 MIN_GAIN = 1.0  # seconds a renewal must add to its claim to be worth a store write
-LOOK_EVERY = 0.25  # look for a moved lease at least every quarter of the time it has left
-MIN_LOOK = 1.0  # ... but not more often than once a second
 RETRY_AFTER_ERROR = 1.0  # seconds before claims whose renewal failed are tried again
 RENEW_BATCH = 100  # claims per store call
 
@@ -159,9 +163,25 @@ class Idempotency:
         key = derive(self.policy, message)
         message.idempotency_key = key  # in every log line about it from now on
         claim = Claim(self, key, f"{self._owner_prefix}/{uuid.uuid4().hex[:12]}", digest(message))
+        lease = message.lease
+        renewal = getattr(lease, "next_renewal", None)
+        # What SQS may hide it for now: a renewal under way counts, whose answer may come
+        # after this claim is written.
+        hold = max(lease.seconds_left, getattr(lease, "may_hold_for", 0.0))
+        seconds = hold + HEADROOM if renewal is None else reach(hold, *renewal)
+        cover = getattr(lease, "cover", None)
+        if cover is not None:  # no renewal past the claim from now on, even before it is taken
+            cover(seconds)
         now = self.clock.time()
-        expires_at = now + message.lease.seconds_left + self.margin
-        record = self.store.claim(claim.record_key, claim.owner, claim.digest, expires_at, now)
+        expires_at = now + seconds + self.margin
+        record: Record | None = None
+        taken = False
+        try:
+            record = self.store.claim(claim.record_key, claim.owner, claim.digest, expires_at, now)
+            taken = record is None
+        finally:
+            if not taken and cover is not None:
+                cover(math.inf)  # not ours (or not taken): the lease is free of it
         if record is None:
             message.idempotency = claim  # ours to renew, complete or release
             if self.keeper is not None:
@@ -178,7 +198,7 @@ class Idempotency:
         claim = _claim_of(message)
         if claim is None:
             return True
-        self._settle(claim)
+        self._settle(message, claim)
         if claim.committed:
             return True
         now = self.clock.time()
@@ -189,16 +209,17 @@ class Idempotency:
         claim = _claim_of(message)
         if claim is None:
             return
-        self._settle(claim)
+        self._settle(message, claim)
         if not claim.committed:
             message.idempotency = None
             self.store.release(claim.record_key, claim.owner)
 
-    def _settle(self, claim: Claim) -> None:
+    def _settle(self, message: Message, claim: Claim) -> None:
         # Before the store call: a renewal answered after it must not count as a loss.
         claim.settled = True
         if self.keeper is not None:
-            self.keeper.forget(claim)
+            self.keeper.forget(claim)  # it moves the claim no more, nor covers the lease
+        _uncover(message)  # done with the claim: its lease no longer waits for it
 
     def close(self, deadline: float | None = None) -> bool:
         """Stop renewing and close the store; False if a renewal was still under way at
@@ -212,34 +233,45 @@ class Idempotency:
 # -- keeping claims ahead of their leases ------------------------------------------------
 
 
+def reach(hold: float, renew_in: float, timeout: float) -> float:
+    """Seconds from now a claim must last, less the margin: what SQS may hide its message
+    for now (``hold``) or after the lease's next renewal (due in ``renew_in`` seconds,
+    asking ``timeout``), whichever is longer, with ``HEADROOM`` to spare."""
+    return max(hold, max(renew_in, 0.0) + timeout) + HEADROOM
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the claim keeper does with one claim at one moment."""
 
-    expires_at: float  # what a renewal now would write: the lease's end plus the margin
+    wanted: float  # seconds from now a renewal now would make the claim last
     due: bool  # renew it now
     may_ride: bool  # renew it now if a store call goes anyway
-    look_in: float  # seconds until it can fall due if its lease does not move
+    look_in: float  # seconds until it falls due if its lease does not move sooner
 
 
-def plan(stored: float, lease_left: float, now: float, margin: float) -> Plan:
-    """The rule for one claim: ``stored`` is the expiry its record holds, ``now`` wall time.
+def plan(have: float, hold: float, renew_in: float, timeout: float, margin: float) -> Plan:
+    """The rule for one claim that has ``have`` seconds left, of a lease SQS may hide its
+    message for ``hold`` seconds, whose next renewal is due in ``renew_in`` seconds and
+    asks for ``timeout`` (``renew_in`` is inf at the 12-hour cap: no renewal comes).
 
-    A renewal moves a claim to ``margin`` past its lease's end. It is due once a quarter
-    of what renewing would give it is gone: when the claim has less than 3/4 of
-    ``lease_left + margin`` left. So it waits for the lease to move (a renewal before
-    would change nothing) and then goes with at least 3/4 of the margin to spare.
+    The lease thread sends a renewal only while the claim, less the margin, lasts past
+    it (``Entry.covered``). So the claim moves first: once the renewal is a quarter of a
+    timeout away, or sooner if it is late, to cover it with ``HEADROOM`` to spare, and
+    no later than when half of that headroom is used. As the renewal comes nearer the
+    headroom stays; only past its moment (a renewal late or failing) does it shrink.
     """
-    wanted = now + lease_left + margin
-    poll = max(MIN_LOOK, lease_left * LOOK_EVERY)
-    if wanted - stored < MIN_GAIN:  # the lease has not moved: nothing to gain yet
-        return Plan(wanted, False, False, poll)
-    have, fresh = stored - now, wanted - now
-    due = have <= RENEW_BELOW * fresh + 1e-6
-    ride = have < RIDE_ALONG_BELOW * fresh
-    # Both shrink as time passes: have - x <= k (fresh - x) once x >= (have - k fresh) / (1 - k).
-    until_due = max(0.0, (have - RENEW_BELOW * fresh) / (1 - RENEW_BELOW))
-    return Plan(wanted, due, ride, min(poll, until_due))
+    if renew_in == math.inf:  # no renewal comes: the claim covers what was sent
+        return Plan(have, False, False, math.inf)
+    wanted = reach(hold, renew_in, timeout) + margin
+    # The claim falls short of half its headroom at the renewal's moment, or later, at
+    # ``short``, once a renewal now would need more than it has.
+    short = have - margin - timeout - HEADROOM / 2
+    window = renew_in - WRITE_AHEAD * timeout
+    until_due = max(window, 0.0) if short < max(renew_in, 0.0) else short
+    due = until_due <= 0 and wanted - have >= MIN_GAIN
+    ride = renew_in - RIDE_AHEAD * timeout <= 0 and wanted - have >= MIN_GAIN
+    return Plan(wanted, due, ride, max(until_due, 0.0) if not due else 0.0)
 
 
 class _Tracked:
@@ -255,15 +287,16 @@ class _Tracked:
 
 
 class ClaimKeeper:
-    """Keeps each running message's claim ``margin`` seconds ahead of its lease.
+    """Keeps each running message's claim ahead of its lease's next renewal (``plan``).
 
-    Its own thread looks at every claim when it can fall due (``plan``), at least every
-    quarter of its lease's remaining time, and at once after ``wake``. Due claims go to
-    the store in batches, one call at a time; each carries the expiry wanted when it is
-    sent, so a slow store delays renewals but never queues stale ones behind it. A store
-    error is reported and retried a second later. A renewal the store refuses because
-    another owner holds the key is reported lost, unless the claim was completed or
-    released meanwhile: that is no loss.
+    Its own thread looks at every claim when it falls due, and at once after ``wake``
+    (a handler asked for a longer lease). Due claims go to the store in batches, one
+    call at a time; each carries the expiry wanted when it is sent, so a slow store
+    delays renewals but never queues stale ones behind it. Once the store took one, the
+    lease learns how far its claim now covers it (``cover``). A store error is reported
+    and retried a second later. A renewal the store refuses because another owner holds
+    the key is reported lost, unless the claim was completed or released meanwhile:
+    that is no loss.
     """
 
     def __init__(
@@ -302,12 +335,13 @@ class ClaimKeeper:
             self._poke()
 
     def forget(self, claim: Claim) -> None:
-        """Renew the claim no more: it is completed, released, or no longer wanted."""
+        """Renew the claim no more: it is completed, released, or no longer wanted. Once
+        this returns, the keeper sets its lease's cover no more either."""
         with self._wake:
             self._claims.pop(claim.owner, None)
 
-    def wake(self, messages: object = None) -> None:
-        """Look at the claims now: a lease moved. Fits ``LeaseKeeper(on_renewed=...)``."""
+    def wake(self) -> None:
+        """Look at the claims now: a lease wants more. Fits ``LeaseKeeper(on_extend=...)``."""
         with self._wake:
             self._poke()
 
@@ -363,6 +397,8 @@ class ClaimKeeper:
                 for t in done:
                     if self._claims.get(t.claim.owner) is t:
                         del self._claims[t.claim.owner]
+                        if t.claim.committed:  # completed: the lease no longer waits for it
+                            _uncover(t.message)
                 if self._stopping:
                     return
                 if not batch:
@@ -385,24 +421,26 @@ class ClaimKeeper:
         looks: list[float] = []
         for t in tracked:
             lease = t.message.lease
-            # A lost lease's claim lapses by itself, once SQS cannot still hide the
-            # message from others (a renewal whose answer was lost may have been applied).
-            left = getattr(lease, "may_hold_for", 0.0) if lease.lost else lease.seconds_left
-            if t.claim.committed or t.claim.settled or (lease.lost and left <= 0):
+            # A lost lease is renewed no more, and its claim covered every renewal that
+            # went (a late answer's too): the claim lapses by itself after them.
+            if t.claim.committed or t.claim.settled or lease.lost:
                 done.append(t)
                 continue
             if now < t.retry_at:
                 looks.append(t.retry_at)
                 continue
-            if not math.isfinite(left):
+            renewal = getattr(lease, "next_renewal", None)
+            if renewal is None:
                 continue  # a lease with no end (a message built by hand)
-            p = plan(t.stored, left, wall, self.margin)
+            hold = getattr(lease, "may_hold_for", lease.seconds_left)
+            p = plan(t.stored - wall, hold, renewal[0], renewal[1], self.margin)
             if p.due:
-                due.append((t, p.expires_at))
+                due.append((t, wall + p.wanted))
             else:
                 if p.may_ride:
-                    riders.append((t, p.expires_at))
-                looks.append(now + p.look_in)
+                    riders.append((t, wall + p.wanted))
+                if p.look_in < math.inf:
+                    looks.append(now + p.look_in)
         batch = (due + riders)[:RENEW_BATCH] if due else []
         return batch, min(looks, default=None), done
 
@@ -419,14 +457,19 @@ class ClaimKeeper:
             return
         lost: list[Message] = []
         with self._wake:
+            wall = self.clock.time()
             for t, expires_at in batch:
                 if self._claims.get(t.claim.owner) is not t:
                     continue  # completed or released while the call went: nothing was lost
                 if t.claim.record_key in refused:
                     del self._claims[t.claim.owner]
                     lost.append(t.message)
-                else:
-                    t.stored = max(t.stored, expires_at)
+                    continue
+                t.stored = max(t.stored, expires_at)
+                # Under this lock, so never after ``forget``: the lease may go that far.
+                cover = getattr(t.message.lease, "cover", None)
+                if cover is not None:
+                    cover(t.stored - self.margin - wall)
         for message in lost:
             self.on_claim_lost(message, "the claim lapsed and another worker took the key")
 
@@ -437,3 +480,10 @@ def _claim_of(message: Message) -> Claim | None:
     claim = message.idempotency
     assert claim is None or isinstance(claim, Claim)
     return claim
+
+
+def _uncover(message: Message) -> None:
+    """Its lease no longer waits for a claim (``Entry.claim_until``)."""
+    cover = getattr(message.lease, "cover", None)
+    if cover is not None:
+        cover(math.inf)

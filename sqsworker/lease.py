@@ -50,7 +50,6 @@ from .lease_state import (
     State,
 )
 from .lease_state import LeaseLost as LeaseLostReport
-from .message import Message
 from .transports import BatchResult, EntryFailure, Envelope, Transport
 
 __all__ = [
@@ -89,7 +88,7 @@ class LeaseKeeper:
         *,
         delete_interval: float = 0.2,
         stall_timeout: float = 120.0,
-        on_renewed: Callable[[list[Message]], None] | None = None,
+        on_extend: Callable[[], None] | None = None,
         on_released: Callable[[], None] | None = None,
         senders: int = 2,
     ) -> None:
@@ -98,8 +97,8 @@ class LeaseKeeper:
         self.observer = observer
         self.stall_timeout = stall_timeout
         self.progress = Progress(clock)  # read by /healthz
-        # Called on this thread after each renewal: the idempotency claims follow the leases.
-        self.on_renewed = on_renewed
+        # Called (no lock held) when a handler asks for more: its claim must cover it first.
+        self.on_extend = on_extend
         # Called on this thread (no lock held) when held messages were settled or lost.
         self.on_released = on_released
         self.machine = LeaseMachine(delete_interval)  # guarded by lock, as is every Held
@@ -112,10 +111,9 @@ class LeaseKeeper:
         self._waiting_until = -math.inf
         self._thread: Task | None = None
         self._finished = False  # the thread has returned
-        # For the sender threads: renewals go first, and sender 0 makes nothing else.
+        # One sender for renewals only, and ``senders`` for every call, renewals first.
         self._renewal_calls: deque[Call] = deque()
         self._settle_calls: deque[Call] = deque()
-        # One sender for renewals only, and ``senders`` for every call, renewals first.
         self._senders = [Progress(clock) for _ in range(1 + max(1, min(senders, MAX_SENDERS)))]
         self._ready = [threading.Condition(self._lock) for _ in self._senders]
         self._idle: list[threading.Condition] = []  # general senders waiting, latest last
@@ -290,21 +288,29 @@ class LeaseKeeper:
         )
 
     def extend(self, held: Held, seconds: int) -> float:
+        now = self.clock.monotonic
         with self._lock:
-            target = self.machine.extend(held, seconds, self.clock.monotonic())
-            if target is not None:
-                self._wake.notify_all()
-                # Until renewed, lost, settled, at the cap, or past the lease: never longer.
-                while (
-                    until := self.machine.extend_wait(held, target, self.clock.monotonic())
-                ) is not None:
-                    self.clock.wait(self._wake, until)
+            target = self.machine.extend(held, seconds, now())
+            self._wake.notify_all()
+        if target is not None and self.on_extend is not None:
+            self.on_extend()  # its claim, if it has one, must move first
+        with self._lock:
+            # Until renewed, lost, settled, at the cap, or past the lease: never longer.
+            while target and (until := self.machine.extend_wait(held, target, now())) is not None:
+                self.clock.wait(self._wake, until)
             commands = self._take()
         if commands:
             self._carry_out(commands)
         if held.lost:  # found so, or set by the lease thread while this one waited
             raise LeaseLost(f"the lease of message {held.envelope.message_id} was lost")
         return held.seconds_left
+
+    def cover(self, held: Held, seconds: float) -> None:
+        """``held``'s claim lets SQS hide it ``seconds`` from now (inf: it holds none)."""
+        with self._lock:
+            held.claim_until = self.clock.monotonic() + seconds
+            if held.renew_at < self._waiting_until:  # a renewal it held back may go now
+                self._wake.notify_all()
 
     def stop(self, give_up_after: float) -> int:
         """Flush what is queued, then end the thread. Returns how many ops stayed unsent."""
@@ -365,8 +371,6 @@ class LeaseKeeper:
             elif isinstance(command, Extended):
                 messages = messages_of(command.entries)
                 self.observer.leases_extended(messages, command.seconds)
-                if self.on_renewed is not None:
-                    self.on_renewed(messages)
             elif isinstance(command, NearCap):
                 self.observer.lease_near_cap(message_of(command.entry), command.seconds_left)
             elif isinstance(command, Room) and self.on_released is not None:

@@ -18,7 +18,9 @@ Timing:
 - deletes and returns wait at most ``delete_interval`` to fill a batch of 10,
   less when the lease would otherwise run out first; urgent ones go at once;
 - a failed entry is tried again a second later while its lease lasts, sooner when
-  the lease is short or nearly over (``retry_after``).
+  the lease is short or nearly over (``retry_after``);
+- a message holding an idempotency claim is renewed only while the claim covers
+  what the renewal asks (``Entry.claim_until``): the claim leads, never follows.
 
 A lease runs out at ``expires_at``, counted from the start of the request that
 set it (the receive, or the last renewal): SQS's own countdown starts later, so
@@ -82,11 +84,9 @@ def full_batches(ops: Sequence[Op]) -> list[Op]:
 
 
 def retry_after(entry: Entry, now: float) -> float:
-    """Seconds before a failed call's entry is tried again: a second, or an eighth of its
-    timeout if shorter (a 2 s lease renewed at 1 s has a second left, not two tries), or
-    half of what is left of the lease held at ``now`` if shorter still (after extend() to
-    more, the timeout is not yet the lease: a 2 s lease extended to 60 s keeps 2 s until
-    a renewal succeeds)."""
+    """Seconds before a failed call's entry is tried again: a second, an eighth of its
+    timeout (a 2 s lease renewed at 1 s has a second left), or half the lease left at
+    ``now`` (after extend() to more, a 2 s lease keeps 2 s until renewed), the least."""
     left = max(0.0, entry.expires_at - now)
     return min(RETRY_AFTER_ERROR, entry.timeout / 8, left / 2)
 
@@ -108,9 +108,8 @@ class LeaseMachine:
         self.under_way = 0  # calls handed out and not ended
         self.handed_back_count = 0  # returns at shutdown SQS took
         self._expiry_floor = math.inf  # no held lease ends before this
-        # No held message is due for renewal before this: ``due`` scans for renewals only
-        # from then on (changed only through _renew_at, received, and the scan that sets
-        # it exactly).
+        # No held message is due for renewal before this, so ``due`` scans only from then
+        # (changed only by _renew_at, received, and the scan that sets it exactly).
         self._renew_floor = math.inf
         self.out: list[Command] = []  # the commands not taken yet (see ``take``)
         # Set when a lease was lost or can be renewed no more: whoever waits on one
@@ -127,11 +126,9 @@ class LeaseMachine:
     # -- events from the worker's threads --------------------------------------------
 
     def received(self, entries: Sequence[E]) -> list[E]:
-        """Hold a receive's messages; those held, in order. An entry naming a receipt
-        handle held already (or named before in the same answer) is no delivery: SQS
-        gives a message it delivers again a new handle, and only an endpoint replaying
-        an answer, or naming a message twice, gives the same. It is left out; the lease
-        held covers it (taken twice, its handler would run twice under one lease)."""
+        """Hold a receive's messages; those held, in order. A receipt handle held already
+        (or named twice in one answer: a replayed answer) is no delivery, as SQS gives a
+        redelivery a new handle: it is left out, lest its handler run twice on one lease."""
         held = self.held
         taken: list[E] = []
         for entry in entries:
@@ -285,7 +282,7 @@ class LeaseMachine:
             self.ops = [op for op in self.ops if id(op) not in sent]
         renewals: list[Entry] = []
         if now >= self._renew_floor:
-            renewable = self._renewable(settling_now=ops)
+            renewable = self._renewable(now, settling_now=ops)
             if any(e.renew_at <= now for e in renewable):
                 renewals = [e for e in renewable if e.renew_at <= now + e.timeout / 4]
             # Exactly, over every held message that may be renewed later (a busy one
@@ -317,7 +314,7 @@ class LeaseMachine:
         if self._renew_floor > now:
             deadlines.append(self._renew_floor)  # none is due before: wake then, look
         else:
-            deadlines += [e.renew_at for e in self._renewable()]
+            deadlines += [e.renew_at for e in self._renewable(now)]
         deadlines.append(self._expiry_floor)
         if self.give_up_at is not None:
             deadlines.append(self.give_up_at)
@@ -340,8 +337,8 @@ class LeaseMachine:
         by_seconds: dict[int, list[Entry]] = {}
         for entry in call.renewals:
             self._lapse(entry, now)
-            if entry.state not in LIVE or entry.handed_back:
-                continue
+            if entry.state not in LIVE or entry.handed_back or not entry.covered(now):
+                continue  # lost, settled, handed back, or its claim fell behind meanwhile
             entry.renewal_wanted = False  # this renewal carries what extend() asked
             seconds = capped(entry, entry.timeout, now)
             budget = MAX_VISIBILITY - (now - entry.received_at)
@@ -564,9 +561,8 @@ class LeaseMachine:
 
     def _send_by(self, op: Op) -> float:
         """When a queued op goes at the latest: ``delete_interval`` after it was queued, or
-        when its lease would be renewed, if sooner (a return's lease is not renewed, so
-        waiting longer to fill a batch could let it run out first); at the 12-hour cap,
-        where no renewal comes, half a timeout before the lease ends."""
+        sooner at its lease's renewal moment (a return's lease is not renewed) or, at the
+        12-hour cap, half a timeout before the lease ends."""
         e = op.entry
         return min(op.queued_at + self.delete_interval, e.renew_at, e.expires_at - e.timeout / 2)
 
@@ -587,14 +583,10 @@ class LeaseMachine:
                 self.out.append(DeleteFailed(op.entry, DISOWNED, False))
         self.ops = keep
 
-    def _renewable(self, settling_now: Sequence[Op] = ()) -> list[Entry]:
-        """Held messages whose lease is ours to renew: not lost, not at the cap, not
-        returning. A queued delete's lease is renewed until the delete is sent, not in
-        the pass that sends it (its handle may be gone by the time a renewal went)."""
+    def _renewable(self, now: float, settling_now: Sequence[Op] = ()) -> list[Entry]:
+        """Held messages whose lease is ours to renew at ``now``: not lost, not at the cap,
+        not returning, the claim ahead. A queued delete's lease is renewed until the delete
+        is sent, not in the pass that sends it (its handle may be gone by then)."""
         skip = {id(op.entry) for op in self.ops if op.action == "return"}
         skip |= {id(op.entry) for op in settling_now}
-        return [
-            e
-            for e in self.held.values()
-            if id(e) not in skip and e.state in LIVE and e.renew_at < math.inf and not e.busy
-        ]
+        return [e for e in self.held.values() if id(e) not in skip and e.may_renew(now)]

@@ -19,6 +19,7 @@ as moves to the same state.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from .errors import SQSWorkerError
@@ -100,6 +101,9 @@ class Entry:
         # was lost may have been applied, so past expires_at, SQS may still hold it.
         self.sqs_until = self.expires_at
         self.renew_at = received_at + timeout / 2
+        # While it holds an idempotency claim, SQS must not hide it past this moment: the
+        # claim lasts a margin longer. A renewal that would goes once the claim moved.
+        self.claim_until = math.inf
         self.state = State.WAITING
         self.disowned = False  # SQS said this receipt handle no longer owns the message
         self.renewals = 0
@@ -119,6 +123,16 @@ class Entry:
     def gone(self) -> bool:
         """Its delete is queued under a lease still held: it will not come back."""
         return self.outcome == "delete" and self.state is not State.LOST
+
+    def covered(self, now: float) -> bool:
+        """A renewal sent at ``now`` would hide it no later than its claim allows."""
+        return now + self.timeout <= self.claim_until
+
+    def may_renew(self, now: float) -> bool:
+        """Live, not at the cap, in no call, and its claim ahead of a renewal now."""
+        return (
+            self.state in LIVE and self.renew_at < math.inf and not self.busy and self.covered(now)
+        )
 
     def left(self, now: float) -> float:
         """Seconds of the lease left at ``now``."""

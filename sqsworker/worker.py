@@ -202,7 +202,8 @@ class Worker:
         claims = None
         if self.idempotency:
             # The store is slower than SQS and may be locked: claims are renewed on a
-            # thread of their own, woken by the lease thread's renewals.
+            # thread of their own, ahead of the renewals of their leases, which wait
+            # for them (see ``idempotency.plan``).
             claims = self.idempotency.start(self.observer.store_failed, self.observer.claim_lost)
         self.keeper = LeaseKeeper(
             self.transport,
@@ -210,7 +211,7 @@ class Worker:
             self.observer,
             delete_interval=self.config.delete_interval,
             stall_timeout=self.config.stall_timeout,
-            on_renewed=claims.wake if claims else None,
+            on_extend=claims.wake if claims else None,
             on_released=self.inbox.changed,
             senders=self.senders,
         )

@@ -43,7 +43,7 @@ from sqsworker import BatchResult as BatchResult_
 from sqsworker.coroutines import Helpers
 from sqsworker.errors import ConfigError, LeaseLost, StoreError, TransportError
 from sqsworker.events import Observer, Observers
-from sqsworker.idempotency import CLAIM_MARGIN
+from sqsworker.idempotency import CLAIM_MARGIN, HEADROOM
 from sqsworker.lease_state import LIVE
 from sqsworker.running import Coroutines
 from sqsworker.stores import Lease, Record
@@ -1541,9 +1541,10 @@ def _drain(world: World) -> None:
         world.act(world.start_worker)
     visibility = schedule.config["visibility_timeout"]
     work = sum(max(p.durations) + visibility + 15 for p in schedule.plans.values())
-    # Each copy of a key may wait for its original's claim (its lease plus the margin).
+    # Each copy of a key may wait for its original's claim: its lease, the next renewal's
+    # timeout, the headroom and the margin.
     rounds = schedule.max_receive_count * (1 + len(schedule.copies) + len(schedule.floods))
-    limit = clock.monotonic() + rounds * (work + CLAIM_MARGIN) + 120
+    limit = clock.monotonic() + rounds * (work + visibility + HEADROOM + CLAIM_MARGIN) + 120
     while world.counts(world.queue_name).total and clock.monotonic() < limit:
         # Step to the next thread's deadline (the queue changes only when a thread acts),
         # at least 5 s: fixed 5 s steps made a schedule of handlers hours long run for
@@ -1602,7 +1603,7 @@ def _lease_thread_asleep_past_work(
         return None
     until = math.inf if lease[-1].deadline is None else lease[-1].deadline
     machine = keeper.machine
-    work = [(e.renew_at, "a renewal") for e in machine._renewable()]
+    work = [(e.renew_at, "a renewal") for e in machine._renewable(now)]
     work += [
         (op.not_before if op.urgent else max(op.not_before, machine._send_by(op)), op.action)
         for op in machine.ops

@@ -17,7 +17,7 @@ from sqsworker import LeaseLost, Message, Worker, WorkerConfig
 from sqsworker.clock import FakeClock
 from sqsworker.errors import ConfigError, IdempotencyKeyError, StoreError, TransportError
 from sqsworker.events import Tally
-from sqsworker.idempotency import CLAIM_MARGIN, RENEW_BELOW
+from sqsworker.idempotency import CLAIM_MARGIN, HEADROOM
 from sqsworker.keys import DefaultKey
 from sqsworker.stores import STORE_CALL_LIMIT, Lease, Record, State, open_store
 from sqsworker.stores.memory import MemoryStore
@@ -174,8 +174,36 @@ def test_a_message_without_a_key_goes_to_the_dead_letter_queue(
     rig.stop()
 
 
-def test_the_claim_follows_the_lease_and_ends_with_it(memory: MemorySQS, clock: FakeClock) -> None:
+class Watched(MemoryTransport):
+    """A transport that checks, as SQS applies each renewal, that the key's claim (the
+    message's body is its key) lasts at least the margin past what SQS now hides the
+    message for: a worker stopped right after the call could otherwise let a copy of
+    the key run while SQS still hid the original."""
+
+    def __init__(self, memory: MemorySQS, store: MemoryStore, clock: FakeClock) -> None:
+        memory.create_queue_with_dlq("jobs", 3)
+        super().__init__(memory, memory.transport("jobs").info)
+        self.memory, self.store, self.clock = memory, store, clock
+        self.renewed = 0
+        self.short: list[str] = []  # renewals SQS applied past the claim
+
+    def change_visibility_batch(self, entries: Sequence[tuple[str, str, int]]) -> BatchResult:
+        result = super().change_visibility_batch(entries)
+        handles = {handle for _, handle, _ in entries}
+        for message in self.memory._queues["jobs"].messages.values():
+            record = self.store.get(f"jobs/{message.body}")
+            if message.handle not in handles or record is None:
+                continue
+            self.renewed += 1
+            hidden_until = self.clock.time() + message.visible_at - self.clock.monotonic()
+            if record.expires_at < hidden_until + CLAIM_MARGIN:
+                self.short.append(f"{message.body}: {record.expires_at - hidden_until:.1f} s")
+        return result
+
+
+def test_the_claim_leads_the_lease_and_ends_with_it(memory: MemorySQS, clock: FakeClock) -> None:
     store = MemoryStore()
+    watched = Watched(memory, store, clock)
     held: list[Message] = []
     release = threading.Event()
 
@@ -183,8 +211,8 @@ def test_the_claim_follows_the_lease_and_ends_with_it(memory: MemorySQS, clock: 
         held.append(message)
         release.wait(30)
 
-    rig = Rig(memory, clock, slow, store=store, visibility_timeout=10)
-    send_all(rig.queue, [keyed("x", "k")])
+    rig = Rig(memory, clock, slow, store=store, transport=watched, visibility_timeout=10)
+    send_all(rig.queue, [keyed("k", "k")])
     rig.worker.start()
     wait_until(lambda: bool(held))
     message = held[0]
@@ -194,19 +222,69 @@ def test_the_claim_follows_the_lease_and_ends_with_it(memory: MemorySQS, clock: 
         assert record is not None
         return record
 
-    for step in range(1, 6):  # 25 s: the claim would have lapsed without renewals
+    writes = []
+    for step in range(1, 25):  # 120 s: the first claim would have lapsed without renewals
         clock.advance(5)
         rig.wait_for("lease_extensions", step)
-        # The claim outlives the visibility lease, by at most the margin: a crash frees
-        # the key CLAIM_MARGIN after SQS hands the message out again, never before.
-        wait_until(lambda: claim().expires_at > clock.time() + message.lease.seconds_left)
+        writes.append(claim().expires_at)
+        # Ahead of the lease by the next renewal, the headroom and the margin at most: a
+        # crash frees the key that long after SQS hands the message out again.
         beyond = claim().expires_at - (clock.time() + message.lease.seconds_left)
-        assert 0 < beyond <= CLAIM_MARGIN + 0.5, beyond
+        assert CLAIM_MARGIN < beyond <= 10 + HEADROOM + CLAIM_MARGIN + 0.5, beyond
         assert claim().state is State.IN_PROGRESS
+    assert watched.renewed >= 24 and watched.short == []
+    # Moved every few renewals, not at each: 10 s leases gain 5 s a renewal, the claim
+    # moves once half its headroom is gone.
+    assert 4 <= len(set(writes)) <= 12, writes
     release.set()
     rig.wait_for("deleted", 1)
     assert claim().state is State.COMPLETED
     assert claim().expires_at == pytest.approx(clock.time() + 86_400)
+    rig.stop()
+
+
+def test_a_renewal_waits_for_its_claim_and_a_long_store_outage_costs_the_lease_instead(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    # Found by the fault simulator (seed 6562): the claim followed its lease, moved after
+    # each renewal's answer, so a worker stopped right after sending a renewal left SQS
+    # hiding the message up to a timeout past the claim, and a copy of the key ran. Now
+    # no renewal goes past its claim: when the store cannot move it, the lease ends.
+    store = RenewOutage(clock, until=clock.monotonic() + 10_000, failing=0)
+    watched = Watched(memory, store, clock)
+    first = Blocking()
+    rig = Rig(
+        memory, clock, first, store=store, transport=watched, concurrency=1, visibility_timeout=10
+    )
+    send_all(rig.queue, [keyed("k", "k")])
+    rig.worker.start()
+    wait_until(lambda: first.runs == ["k"])
+    rig.advance_until(lambda: rig.count("leases_lost") == 1, step=0.5)
+    assert watched.short == [], "a renewal went past its claim"
+    assert watched.renewed >= 4  # while the claim taken at the start covered them
+    assert rig.count("claims_lost") == 0 and rig.count("store_failures") >= 10
+    first.release.set()
+    rig.wait_for("succeeded", 1)
+    rig.stop()
+
+
+def test_a_longer_lease_asked_for_waits_for_its_claim_to_cover_it(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    store = MemoryStore()
+    watched = Watched(memory, store, clock)
+    extended: list[float] = []
+
+    def long(message: Message) -> None:
+        extended.append(message.lease.extend(600))
+
+    rig = Rig(memory, clock, long, store=store, transport=watched, visibility_timeout=10)
+    send_all(rig.queue, [keyed("k", "k")])
+    rig.worker.start()
+    rig.wait_for("succeeded", 1)
+    assert extended and extended[0] > 590
+    assert watched.renewed == 1 and watched.short == []
+    rig.wait_for("deleted", 1)
     rig.stop()
 
 
@@ -349,6 +427,32 @@ def test_a_transactional_effect_happens_once_whenever_the_handler_fails(
     rig.advance_until(lambda: rig.count("deleted") == 1)
     assert payments(database) == ["pay 10"]
     assert rig.count("duplicates_suppressed") == suppressed
+    rig.stop()
+
+
+def test_a_handler_that_runs_on_after_its_transaction_keeps_its_lease(
+    memory: MemorySQS, clock: FakeClock, database: Path
+) -> None:
+    # Once committed, the claim is completed and moves no more: its lease must not wait
+    # for it any longer, or a handler running on after the block would lose its lease.
+    after = threading.Event()
+    release = threading.Event()
+
+    def pay(message: Message) -> None:
+        with message.transaction() as db:
+            db.execute("INSERT INTO payments VALUES (?)", (message.body,))
+        after.set()
+        release.wait(30)
+
+    rig = Rig(memory, clock, pay, store=open_store(f"sqlite:///{database}"), visibility_timeout=10)
+    rig.send("pay 10")
+    rig.worker.start()
+    wait_until(after.is_set)
+    rig.advance_until(lambda: rig.count("lease_extensions") >= 30)  # 150 s
+    assert rig.count("leases_lost") == 0
+    release.set()
+    rig.wait_for("deleted", 1)
+    assert payments(database) == ["pay 10"]
     rig.stop()
 
 
@@ -785,10 +889,11 @@ def test_a_dead_claim_keeper_makes_the_worker_not_live(
     rig.stop()
 
 
-def test_every_store_call_ends_before_a_claim_being_renewed_could_lapse(tmp_path: Path) -> None:
-    # A renewal goes with RENEW_BELOW of the margin left; the slowest store call, retries
-    # included, must end inside it, or a claim could lapse while its lease lives.
-    assert CLAIM_MARGIN * RENEW_BELOW > STORE_CALL_LIMIT
+def test_the_slowest_store_call_costs_no_lease_of_the_default_timeout(tmp_path: Path) -> None:
+    # A claim moves with half its headroom left, and the last renewal it covered keeps
+    # the lease a timeout longer: the slowest store call, retries included, must end
+    # inside both, or a slow store would cost a lease of the default 30 s.
+    assert HEADROOM / 2 + WorkerConfig(queue="q").visibility_timeout > STORE_CALL_LIMIT
     assert open_store(f"sqlite:///{tmp_path}/a.db").timeout * 2 <= STORE_CALL_LIMIT
     with pytest.raises(ConfigError, match="timeout must be from 0 to 20 seconds"):
         open_store(f"sqlite:///{tmp_path}/a.db?timeout=30")
