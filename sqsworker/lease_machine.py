@@ -186,7 +186,9 @@ class LeaseMachine:
         op.queued_at = now
         op.urgent = op.urgent or self.stopping  # a stop sends all it can
         self.ops.append(op)
-        if len(self.ops) % MAX_BATCH == 0:
+        # A call's worth of its action queued (deletes and returns go in calls apart).
+        alike = sum(o.action == op.action for o in self.ops) if len(self.ops) >= MAX_BATCH else 1
+        if alike % MAX_BATCH == 0:
             return -math.inf
         if entry.busy:  # it goes when that call's answer wakes the lease thread
             return math.inf

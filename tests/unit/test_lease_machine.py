@@ -259,6 +259,48 @@ def test_a_delete_waits_out_the_delete_interval_to_fill_a_batch_and_ten_go_at_on
     assert [op.entry for op in call.ops] == [entries[10]]
 
 
+def test_a_full_batch_of_one_action_wakes_the_lease_thread_whatever_else_is_queued() -> None:
+    machine = LeaseMachine(delete_interval=0.2)
+    entries = [Entry(f"h{i}", T0, 30) for i in range(13)]
+    machine.received(entries)
+    for e in entries[:3]:  # returns with a delay: they wait for a batch of their own
+        assert machine.settle(Op(e, "return", seconds=5), T0 + 1) > T0 + 1
+    looks = [machine.settle(Op(e, "delete"), T0 + 1) for e in entries[3:]]
+    assert looks[:-1] == [T0 + 1.2] * 9
+    assert looks[-1] == -math.inf  # ten deletes fill a call, though 13 ops are queued
+    [call] = machine.due(T0 + 1)
+    assert [op.entry for op in call.ops] == entries[3:]
+    # Nine deletes and a return fill no call: nothing to send at once.
+    machine = LeaseMachine(delete_interval=0.2)
+    machine.received(entries[:10])
+    machine.settle(Op(entries[0], "return", seconds=5), T0 + 1)
+    looks = [machine.settle(Op(e, "delete"), T0 + 1) for e in entries[1:10]]
+    assert -math.inf not in looks
+
+
+def test_a_renewal_waits_until_its_claim_covers_it() -> None:
+    machine = LeaseMachine()
+    a, b = Entry("a", T0, 30), Entry("b", T0, 30)
+    machine.received([a, b])
+    a.claim_until = T0 + 40  # a renewal at T0 + 15 would hide it until T0 + 45
+    [call] = machine.due(T0 + 15)
+    assert call.renewals == [b]
+    assert machine.next_deadline(T0 + 15) == T0 + 30  # a's expiry: no spinning on a
+    a.claim_until = T0 + 80  # the claim moved
+    machine.renewing(call, T0 + 15)
+    machine.renewed([b], 30, T0 + 15, {}, T0 + 15.1)
+    machine.ended(call)
+    [call] = machine.due(T0 + 16)
+    assert call.renewals == [a]
+    # Checked again as the call goes: a claim that fell behind meanwhile holds it back.
+    a.claim_until = T0 + 40
+    assert machine.renewing(call, T0 + 16) == {}
+    machine.ended(call)
+    assert machine.due(T0 + 17) == []
+    machine.expire(T0 + 30)
+    assert a.state is State.LOST  # never renewed past its claim, the lease ran out
+
+
 def test_a_queued_return_goes_by_the_time_its_lease_would_be_renewed() -> None:
     machine = LeaseMachine(delete_interval=10.0)
     entry = Entry("h", T0, 2)  # renewal due at T0 + 1
