@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from typing import Protocol, cast
 
 from .clock import Clock
 from .errors import LeaseLost
+from .lease_machine import capped
 from .lease_state import Entry
 from .message import Message
 from .transports import Envelope, Transport
@@ -64,7 +66,11 @@ class Held(Entry):
     def next_renewal(self) -> tuple[float, int]:
         """Seconds until its lease's next renewal is due (-inf: at once; inf: none comes,
         at the 12-hour cap), and the seconds that renewal asks for."""
-        return self.renew_at - self.keeper.clock.monotonic(), self.timeout
+        now = self.keeper.clock.monotonic()
+        if self.renew_at == math.inf:
+            return math.inf, self.timeout
+        seconds = capped(self, self.timeout, max(now, self.renew_at))
+        return (self.renew_at - now if seconds >= 1 else math.inf), seconds
 
     def extend(self, seconds: int) -> float:
         return self.keeper.extend(self, seconds)

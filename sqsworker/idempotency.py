@@ -97,8 +97,21 @@ class Claim:
         if self.committed:
             raise RuntimeError("message.transaction() commits once per message; it already did")
         expires_at = self.guard.clock.time() + self.guard.ttl
-        with store.transaction(self.record_key, self.owner, expires_at) as connection:
-            yield connection
+        # A block holding the whole store's write lock (SQLite) keeps every other worker
+        # from the key, and the keeper from moving the claim: the lease goes on without
+        # the claim while it runs, and after a commit (the key is completed).
+        keeper = self.guard.keeper if getattr(store, "locks_every_key", False) else None
+        freed = False
+        try:
+            with store.transaction(self.record_key, self.owner, expires_at) as connection:
+                if keeper is not None:
+                    keeper.free(self, True)
+                    freed = True
+                yield connection
+        except BaseException:
+            if keeper is not None and freed:
+                keeper.free(self, False)
+            raise
         self.committed = True
 
 
@@ -176,9 +189,12 @@ class Idempotency:
         expires_at = now + seconds + self.margin
         record: Record | None = None
         taken = False
+        began = self.clock.monotonic()
         try:
             record = self.store.claim(claim.record_key, claim.owner, claim.digest, expires_at, now)
             taken = record is None
+            if self.keeper is not None:
+                self.keeper.saw_call(self.clock.monotonic() - began)
         finally:
             if not taken and cover is not None:
                 cover(math.inf)  # not ours (or not taken): the lease is free of it
@@ -250,25 +266,31 @@ class Plan:
     look_in: float  # seconds until it falls due if its lease does not move sooner
 
 
-def plan(have: float, hold: float, renew_in: float, timeout: float, margin: float) -> Plan:
+def plan(
+    have: float, hold: float, renew_in: float, timeout: float, margin: float, lead: float = 0.0
+) -> Plan:
     """The rule for one claim that has ``have`` seconds left, of a lease SQS may hide its
     message for ``hold`` seconds, whose next renewal is due in ``renew_in`` seconds and
     asks for ``timeout`` (``renew_in`` is inf at the 12-hour cap: no renewal comes).
 
-    The lease thread sends a renewal only while the claim, less the margin, lasts past
-    it (``Entry.covered``). So the claim moves first: once the renewal is a quarter of a
-    timeout away, or sooner if it is late, to cover it with ``HEADROOM`` to spare, and
-    no later than when half of that headroom is used. As the renewal comes nearer the
-    headroom stays; only past its moment (a renewal late or failing) does it shrink.
+    The lease thread renews only as far as the claim, less the margin, lasts (``Entry.
+    claimed``). So the claim moves first: once the renewal is a quarter of a timeout
+    away, or sooner if it is late, to cover it with ``HEADROOM`` to spare, and no later
+    than when half of that headroom is used. As the renewal comes nearer the headroom
+    stays; only past its moment (a renewal late or failing) does it shrink. A store call
+    takes ``lead`` seconds (the last one's time): the claim moves that much sooner, and
+    that much further, so it lands with the same headroom.
     """
     if renew_in == math.inf:  # no renewal comes: the claim covers what was sent
         return Plan(have, False, False, math.inf)
-    wanted = reach(hold, renew_in, timeout) + margin
+    wanted = reach(hold, renew_in, timeout) + lead + margin
     # The claim falls short of half its headroom at the renewal's moment, or later, at
     # ``short``, once a renewal now would need more than it has.
-    short = have - margin - timeout - HEADROOM / 2
-    window = renew_in - WRITE_AHEAD * timeout
+    short = have - margin - timeout - HEADROOM / 2 - lead
+    window = renew_in - WRITE_AHEAD * timeout - lead
     until_due = max(window, 0.0) if short < max(renew_in, 0.0) else short
+    if have - margin < hold + HEADROOM / 2 + lead:  # the lease went on without it: at once
+        until_due = 0.0
     due = until_due <= 0 and wanted - have >= MIN_GAIN
     ride = renew_in - RIDE_AHEAD * timeout <= 0 and wanted - have >= MIN_GAIN
     return Plan(wanted, due, ride, max(until_due, 0.0) if not due else 0.0)
@@ -277,13 +299,21 @@ def plan(have: float, hold: float, renew_in: float, timeout: float, margin: floa
 class _Tracked:
     """One running message's claim, as the keeper keeps it."""
 
-    __slots__ = ("claim", "message", "retry_at", "stored")
+    __slots__ = ("claim", "free", "message", "retry_at", "stored")
 
     def __init__(self, message: Message, claim: Claim, stored: float) -> None:
         self.message = message
         self.claim = claim
         self.stored = stored  # wall-clock expiry the store holds, as last written
         self.retry_at = -math.inf  # monotonic: not before this after a failed renewal
+        self.free = False  # its lease goes on without it (``ClaimKeeper.free``)
+
+    def cover(self, margin: float, wall: float) -> None:
+        """Tell its lease how far the claim lets SQS hide the message (the keeper's lock
+        held, so never after ``forget``)."""
+        cover = getattr(self.message.lease, "cover", None)
+        if cover is not None:
+            cover(math.inf if self.free else self.stored - margin - wall)
 
 
 class ClaimKeeper:
@@ -322,6 +352,8 @@ class ClaimKeeper:
         self._task: Task | None = None
         # When the thread looks again (monotonic; inf: when told to); None while it works.
         self.waiting_until: float | None = None
+        # Seconds the last store call took: set by this thread's calls, raised by others'.
+        self._call_time = 0.0
 
     def start(self) -> None:
         self._task = self.clock.spawn("sqsworker-claims", self._run)
@@ -339,6 +371,21 @@ class ClaimKeeper:
         this returns, the keeper sets its lease's cover no more either."""
         with self._wake:
             self._claims.pop(claim.owner, None)
+
+    def free(self, claim: Claim, free: bool) -> None:
+        """Let ``claim``'s lease go on without it (``free``: a transaction holds the
+        store's write lock, so no other worker can take the key), or hold the lease to
+        the claim again, then moved at once if the lease went past it meanwhile."""
+        with self._wake:
+            t = self._claims.get(claim.owner)
+            if t is not None:
+                t.free = free
+                t.cover(self.margin, self.clock.time())
+                self._poke()
+
+    def saw_call(self, seconds: float) -> None:
+        """A store call of another thread took ``seconds``: claims move that much sooner."""
+        self._call_time = max(self._call_time, seconds)
 
     def wake(self) -> None:
         """Look at the claims now: a lease wants more. Fits ``LeaseKeeper(on_extend=...)``."""
@@ -429,11 +476,13 @@ class ClaimKeeper:
             if now < t.retry_at:
                 looks.append(t.retry_at)
                 continue
+            if t.free:
+                continue  # its transaction holds the store's lock: looked at once it ends
             renewal = getattr(lease, "next_renewal", None)
             if renewal is None:
                 continue  # a lease with no end (a message built by hand)
             hold = getattr(lease, "may_hold_for", lease.seconds_left)
-            p = plan(t.stored - wall, hold, renewal[0], renewal[1], self.margin)
+            p = plan(t.stored - wall, hold, renewal[0], renewal[1], self.margin, self._call_time)
             if p.due:
                 due.append((t, wall + p.wanted))
             else:
@@ -446,30 +495,30 @@ class ClaimKeeper:
 
     def _send(self, batch: list[tuple[_Tracked, float]]) -> None:
         leases = [Lease(t.claim.record_key, t.claim.owner, e) for t, e in batch]
+        began = self.clock.monotonic()
         try:
             refused = set(self.store.renew(leases))
         except Exception as exc:  # on this thread: an error unreported is an error lost
+            self._call_time = self.clock.monotonic() - began
             self.on_store_failed("renew", exc)
             with self._wake:
                 retry_at = self.clock.monotonic() + RETRY_AFTER_ERROR
                 for t, _ in batch:
                     t.retry_at = retry_at
             return
+        self._call_time = self.clock.monotonic() - began
         lost: list[Message] = []
         with self._wake:
             wall = self.clock.time()
             for t, expires_at in batch:
-                if self._claims.get(t.claim.owner) is not t:
+                if self._claims.get(t.claim.owner) is not t or t.claim.committed:
                     continue  # completed or released while the call went: nothing was lost
                 if t.claim.record_key in refused:
                     del self._claims[t.claim.owner]
                     lost.append(t.message)
                     continue
                 t.stored = max(t.stored, expires_at)
-                # Under this lock, so never after ``forget``: the lease may go that far.
-                cover = getattr(t.message.lease, "cover", None)
-                if cover is not None:
-                    cover(t.stored - self.margin - wall)
+                t.cover(self.margin, wall)
         for message in lost:
             self.on_claim_lost(message, "the claim lapsed and another worker took the key")
 

@@ -19,8 +19,9 @@ Timing:
   less when the lease would otherwise run out first; urgent ones go at once;
 - a failed entry is tried again a second later while its lease lasts, sooner when
   the lease is short or nearly over (``retry_after``);
-- a message holding an idempotency claim is renewed only while the claim covers
-  what the renewal asks (``Entry.claim_until``): the claim leads, never follows.
+- a message holding an idempotency claim is renewed only as far as the claim
+  covers (``Entry.claim_until``): the claim leads, and while it falls behind a
+  renewal asks less, or waits once it would gain nothing.
 
 A lease runs out at ``expires_at``, counted from the start of the request that
 set it (the receive, or the last renewal): SQS's own countdown starts later, so
@@ -341,7 +342,6 @@ class LeaseMachine:
             self._lapse(entry, now)
             if entry.state not in LIVE or entry.handed_back or not entry.covered(now):
                 continue  # lost, settled, handed back, or its claim fell behind meanwhile
-            entry.renewal_wanted = False  # this renewal carries what extend() asked
             seconds = capped(entry, entry.timeout, now)
             budget = MAX_VISIBILITY - (now - entry.received_at)
             if budget < NEAR_CAP and not entry.near_cap_warned:
@@ -351,7 +351,10 @@ class LeaseMachine:
                 self._renew_at(entry, math.inf)  # at the cap: it will expire and come back
                 self.woke = True  # an extend() waiting for a renewal returns
                 continue
-            by_seconds.setdefault(seconds, []).append(entry)
+            asked = entry.claimed(seconds, now)  # less while its claim falls behind
+            if asked == seconds:
+                entry.renewal_wanted = False  # this renewal carries what extend() asked
+            by_seconds.setdefault(asked, []).append(entry)
         return by_seconds
 
     def settled(self, call: Call, failures: Mapping[int, EntryFailure], now: float) -> None:

@@ -22,6 +22,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from .config import MAX_VISIBILITY
 from .errors import SQSWorkerError
 
 
@@ -124,9 +125,17 @@ class Entry:
         """Its delete is queued under a lease still held: it will not come back."""
         return self.outcome == "delete" and self.state is not State.LOST
 
+    def claimed(self, seconds: int, now: float) -> int:
+        """Of ``seconds``, what a renewal at ``now`` may ask: all, or what its claim covers."""
+        if now + seconds <= self.claim_until:
+            return seconds
+        return max(0, math.floor(self.claim_until - now))
+
     def covered(self, now: float) -> bool:
-        """A renewal sent at ``now`` would hide it no later than its claim allows."""
-        return now + self.timeout <= self.claim_until
+        """A renewal at ``now`` may go: its claim covers it whole, or enough of it to make
+        the lease a second longer (while a claim falls behind, its lease lasts as long)."""
+        asked = self.claimed(self.timeout, now)
+        return asked == self.timeout or now + asked >= self.expires_at + 1
 
     def may_renew(self, now: float) -> bool:
         """Live, not at the cap, in no call, and its claim ahead of a renewal now."""
@@ -145,7 +154,7 @@ class Entry:
             return 0.0
         until = self.sqs_until
         if self.renewing:  # sent at the latest now, asking for ``timeout`` from then
-            until = max(until, now + self.timeout)
+            until = max(until, min(now + self.timeout, self.received_at + MAX_VISIBILITY))
         return max(0.0, until - now)
 
 

@@ -47,6 +47,10 @@ MAX_TIMEOUT = STORE_CALL_LIMIT / 2  # a write waits its turn, then SQLite's lock
 
 
 class SQLiteStore:
+    # ``transaction`` holds the database's write lock: no other worker can take any key
+    # while a block runs (read by ``idempotency.Claim.transaction``).
+    locks_every_key = True
+
     def __init__(self, path: str, url: str, *, timeout: float = 10.0, synchronous: str = "normal"):
         self.url = url
         self.path = path

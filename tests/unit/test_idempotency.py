@@ -456,6 +456,66 @@ def test_a_handler_that_runs_on_after_its_transaction_keeps_its_lease(
     rig.stop()
 
 
+def test_a_long_transaction_block_on_sqlite_keeps_its_lease_and_may_extend_it(
+    memory: MemorySQS, clock: FakeClock, database: Path
+) -> None:
+    # The block holds SQLite's write lock, so the claim cannot move while it runs; no
+    # other worker can take the key either, so the lease goes on without the claim.
+    inside = threading.Event()
+    release = threading.Event()
+    extended: list[float] = []
+
+    def pay(message: Message) -> None:
+        with message.transaction() as db:
+            db.execute("INSERT INTO payments VALUES (?)", (message.body,))
+            extended.append(message.lease.extend(120))
+            inside.set()
+            release.wait(30)
+
+    store = open_store(f"sqlite:///{database}")
+    rig = Rig(memory, clock, pay, store=store, visibility_timeout=10)
+    rig.send("pay 10")
+    rig.worker.start()
+    rig.advance_until(inside.is_set, step=0.5)
+    assert extended[0] > 115
+    rig.advance_until(lambda: clock.monotonic() > 1_000_300, step=2)  # 5 min in the block
+    assert rig.count("leases_lost") == rig.count("store_failures") == 0
+    release.set()
+    rig.wait_for("deleted", 1)
+    assert payments(database) == ["pay 10"]
+    rig.stop()
+
+
+def test_extend_keeps_the_lease_while_a_slow_store_moves_the_claim(
+    memory: MemorySQS, clock: FakeClock
+) -> None:
+    # Each claim renewal takes 17 s: the renewals of the old length, which the claim
+    # already covers, go on meanwhile, then the longer one.
+    store = SlowRenewals(clock, seconds=17.0)
+    held: list[Message] = []
+    extended: list[float] = []
+    asked = threading.Event()
+
+    def long(message: Message) -> None:
+        held.append(message)
+        asked.wait(30)
+        extended.append(message.lease.extend(300))
+
+    rig = Rig(memory, clock, long, store=store, visibility_timeout=30)
+    send_all(rig.queue, [keyed("k", "k")])
+    rig.worker.start()
+    wait_until(lambda: bool(held))
+    rig.advance_until(lambda: held[0].lease.seconds_left <= 16, step=0.5)
+    asked.set()
+    try:
+        rig.advance_until(lambda: bool(extended), step=0.5)
+    finally:
+        store.hurry()
+    assert extended[0] > 250 and rig.count("leases_lost") == 0
+    rig.wait_for("deleted", 1)
+    rig.stop()
+
+
 def test_a_transaction_whose_claim_passed_to_another_worker_rolls_back(database: Path) -> None:
     store = open_store(f"sqlite:///{database}")
     assert isinstance(store, SQLiteStore)
@@ -688,7 +748,7 @@ def test_renewals_keep_up_with_a_slow_store_by_renewing_claims_in_batches(
 
     start = clock.monotonic()
     try:
-        for _ in range(200):  # 100 s: 20 leases of every message, about 7 claim renewals
+        for _ in range(300):  # 150 s: 30 leases of every message, about 5 claim moves
             wait_until(store.caught_up)
             clock.advance(0.5)
             threading.Event().wait(0.002)

@@ -278,26 +278,33 @@ def test_a_full_batch_of_one_action_wakes_the_lease_thread_whatever_else_is_queu
     assert -math.inf not in looks
 
 
-def test_a_renewal_waits_until_its_claim_covers_it() -> None:
+def test_a_renewal_asks_only_what_its_claim_covers_and_waits_once_that_gains_nothing() -> None:
     machine = LeaseMachine()
-    a, b = Entry("a", T0, 30), Entry("b", T0, 30)
-    machine.received([a, b])
-    a.claim_until = T0 + 40  # a renewal at T0 + 15 would hide it until T0 + 45
+    a, b, c = Entry("a", T0, 30), Entry("b", T0, 30), Entry("c", T0, 30)
+    machine.received([a, b, c])
+    a.claim_until = T0 + 40  # at T0 + 15 its claim covers 25 s of the 30
+    c.claim_until = T0 + 30.5  # ... and c's not a second past its lease's end
     [call] = machine.due(T0 + 15)
-    assert call.renewals == [b]
-    assert machine.next_deadline(T0 + 15) == T0 + 30  # a's expiry: no spinning on a
-    a.claim_until = T0 + 80  # the claim moved
-    machine.renewing(call, T0 + 15)
+    assert call.renewals == [a, b]
+    assert machine.renewing(call, T0 + 15) == {30: [b], 25: [a]}
     machine.renewed([b], 30, T0 + 15, {}, T0 + 15.1)
+    machine.renewed([a], 25, T0 + 15, {}, T0 + 15.1)
     machine.ended(call)
-    [call] = machine.due(T0 + 16)
-    assert call.renewals == [a]
+    assert a.expires_at == T0 + 40  # as long as its claim, no longer
+    # A renewal of a or c would gain nothing: the next look is c's end, no spinning.
+    assert machine.next_deadline(T0 + 15.1) == T0 + 30
+    assert machine.due(T0 + 27.5) == []  # a's renewal moment: nothing to gain
+    machine.expire(T0 + 30)
+    assert c.state is State.LOST
+    a.claim_until = T0 + 100  # the claim moved
+    [call] = machine.due(T0 + 28)
+    assert call.renewals == [a, b]  # b's renewal rides along
     # Checked again as the call goes: a claim that fell behind meanwhile holds it back.
     a.claim_until = T0 + 40
-    assert machine.renewing(call, T0 + 16) == {}
+    assert machine.renewing(call, T0 + 28) == {30: [b]}
     machine.ended(call)
-    assert machine.due(T0 + 17) == []
-    machine.expire(T0 + 30)
+    assert machine.due(T0 + 29) == []
+    machine.expire(T0 + 40)
     assert a.state is State.LOST  # never renewed past its claim, the lease ran out
 
 

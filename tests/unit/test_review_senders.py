@@ -130,7 +130,9 @@ def test_a_scrape_survives_the_cyclic_gc_retiring_a_dead_threads_counts() -> Non
 
     scraper = threading.Thread(target=scrape, daemon=True)
     scraper.start()
-    scraper.join(5)
+    # A deadlock never ends; eight full collections of a suite worker's heap, on a
+    # loaded machine, took over 5 s once.
+    scraper.join(60)
     gc.set_threshold(*saved)
     gc.enable()
     assert done, "tally.read() deadlocked on its own lock in a gc-run finalizer"
