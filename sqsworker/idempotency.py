@@ -6,10 +6,11 @@ store (``stores/``):
 - no live record: the key is taken IN_PROGRESS to cover the message's visibility
   lease and its next renewal, with ``HEADROOM`` to spare, plus ``margin``. While the
   handler runs, ``ClaimKeeper`` moves the claim before each renewal, and the lease
-  thread sends no renewal its claim does not cover (``Entry.claim_until``): SQS never
+  thread renews only as far as the claim covers (``Entry.claim_until``): SQS never
   hides the message past its claim, even when the worker stops right after a renewal
   went. A crashed worker's claim lapses at most a visibility timeout plus
-  ``HEADROOM`` and ``margin`` after SQS hands its message to another;
+  ``HEADROOM``, ``margin`` and one store call's time (at most ``STORE_CALL_LIMIT``)
+  after SQS hands its message to another;
 - COMPLETED: a duplicate, deleted without running the handler;
 - IN_PROGRESS under another claim: the message waits until that claim ends, and
   is checked again then;
@@ -37,7 +38,15 @@ from typing import TYPE_CHECKING, Any
 
 from .clock import Clock, Task
 from .keys import KeyPolicy, derive, digest
-from .stores import Lease, Record, State, Store, TransactionalStore, open_store
+from .stores import (
+    STORE_CALL_LIMIT,
+    Lease,
+    Record,
+    State,
+    Store,
+    TransactionalStore,
+    open_store,
+)
 
 if TYPE_CHECKING:
     from .config import WorkerConfig
@@ -385,7 +394,7 @@ class ClaimKeeper:
 
     def saw_call(self, seconds: float) -> None:
         """A store call of another thread took ``seconds``: claims move that much sooner."""
-        self._call_time = max(self._call_time, seconds)
+        self._call_time = max(self._call_time, min(seconds, STORE_CALL_LIMIT))
 
     def wake(self) -> None:
         """Look at the claims now: a lease wants more. Fits ``LeaseKeeper(on_extend=...)``."""
@@ -499,14 +508,14 @@ class ClaimKeeper:
         try:
             refused = set(self.store.renew(leases))
         except Exception as exc:  # on this thread: an error unreported is an error lost
-            self._call_time = self.clock.monotonic() - began
+            self._call_time = min(self.clock.monotonic() - began, STORE_CALL_LIMIT)
             self.on_store_failed("renew", exc)
             with self._wake:
                 retry_at = self.clock.monotonic() + RETRY_AFTER_ERROR
                 for t, _ in batch:
                     t.retry_at = retry_at
             return
-        self._call_time = self.clock.monotonic() - began
+        self._call_time = min(self.clock.monotonic() - began, STORE_CALL_LIMIT)
         lost: list[Message] = []
         with self._wake:
             wall = self.clock.time()

@@ -346,8 +346,7 @@ class LeaseKeeper:
 
     def _take(self) -> Sequence[Command]:
         """The machine's commands from the event just fed (the lock held); wakes those
-        waiting on a lease if one was lost or reached the cap. (An event that reports
-        nothing lost nor capped nothing: ``begin`` and the like skip this then.)"""
+        waiting on a lease if one was lost or reached the cap."""
         if self.machine.woke:
             self.machine.woke = False
             self._wake.notify_all()
@@ -579,7 +578,10 @@ class LeaseKeeper:
             self._renew_batch(batch, seconds)
 
     def _renew_batch(self, batch: Sequence[Entry], seconds: int) -> None:
-        started = self.clock.monotonic()
+        with self._lock:  # after a call before it, what a claim no longer covers waits
+            started = self.clock.monotonic()
+            if not (batch := [e for e in batch if e.claimed(seconds, started) == seconds]):
+                return
         try:
             result = self.transport.change_visibility_batch(
                 [(str(i), e.handle, seconds) for i, e in enumerate(batch)]
