@@ -112,7 +112,16 @@ class Claim:
         keeper = self.guard.keeper if getattr(store, "locks_every_key", False) else None
         freed = False
         try:
-            with store.transaction(self.record_key, self.owner, expires_at) as connection:
+            if keeper is None:
+                block = store.transaction(self.record_key, self.owner, expires_at)
+            else:  # a failed block moves the claim before the lock goes
+                block = store.transaction(  # type: ignore[call-arg]
+                    self.record_key,
+                    self.owner,
+                    expires_at,
+                    keep_until=lambda: keeper.expiry_for(self),
+                )
+            with block as connection:
                 if keeper is not None:
                     keeper.free(self, True)
                     freed = True
@@ -391,6 +400,19 @@ class ClaimKeeper:
                 t.free = free
                 t.cover(self.margin, self.clock.time())
                 self._poke()
+
+    def expiry_for(self, claim: Claim) -> float:
+        """The wall-clock expiry that covers ``claim``'s lease now and its next renewal, as
+        a claim taken now would (the time itself if it is not kept here)."""
+        with self._wake:
+            t = self._claims.get(claim.owner)
+        wall = self.clock.time()
+        if t is None:
+            return wall
+        lease = t.message.lease
+        renewal = getattr(lease, "next_renewal", None)
+        hold = max(lease.seconds_left, getattr(lease, "may_hold_for", 0.0))
+        return wall + (hold + HEADROOM if renewal is None else reach(hold, *renewal)) + self.margin
 
     def saw_call(self, seconds: float) -> None:
         """A store call of another thread took ``seconds``: claims move that much sooner."""

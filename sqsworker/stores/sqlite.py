@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -216,12 +216,20 @@ class SQLiteStore:
         )
 
     @contextmanager
-    def transaction(self, key: str, owner: str, expires_at: float) -> Iterator[Transaction]:
+    def transaction(
+        self,
+        key: str,
+        owner: str,
+        expires_at: float,
+        keep_until: Callable[[], float] | None = None,
+    ) -> Iterator[Transaction]:
         """The handler's writes and the completion record, committed together or not at all.
 
         The block holds SQLite's write lock, which other writers (threads of this process
         too) wait for up to the busy timeout; it holds no lock of this process, so user
-        code inside it never keeps another thread from running.
+        code inside it never keeps another thread from running. When the block fails,
+        its writes are undone and the claim is moved to ``keep_until()`` before the lock
+        goes: the lease ran on without the claim meanwhile (nobody else could take it).
         """
         db = self._connection()
         try:
@@ -230,7 +238,13 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite store {self.path}: {exc}") from exc
         try:
-            yield Transaction(db)
+            db.execute("SAVEPOINT sqsworker_block")
+            try:
+                yield Transaction(db)
+            except BaseException:
+                if keep_until is not None:
+                    self._keep(db, key, owner, keep_until)
+                raise
             if not db.in_transaction:
                 raise RuntimeError(
                     "message.transaction(): the block ended its transaction itself (COMMIT "
@@ -255,6 +269,22 @@ class SQLiteStore:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+
+    def _keep(
+        self, db: sqlite3.Connection, key: str, owner: str, until: Callable[[], float]
+    ) -> None:
+        """After a failed block: its writes undone, its claim moved, in the lock it holds."""
+        try:
+            if db.in_transaction:
+                db.execute("ROLLBACK TO sqsworker_block")
+                db.execute(
+                    f"UPDATE {TABLE} SET expires_at = max(expires_at, ?) "
+                    "WHERE key = ? AND owner = ? AND state = 'in_progress'",
+                    (until(), key, owner),
+                )
+                db.execute("COMMIT")
+        except sqlite3.Error:
+            pass  # the block's own error goes on; the lease then waits for the claim
 
     def get(self, key: str) -> Record | None:
         row = self._execute(

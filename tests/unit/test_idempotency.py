@@ -486,6 +486,42 @@ def test_a_long_transaction_block_on_sqlite_keeps_its_lease_and_may_extend_it(
     rig.stop()
 
 
+def test_a_failed_long_transaction_block_on_sqlite_moves_the_claim_before_the_lock_goes(
+    memory: MemorySQS, clock: FakeClock, database: Path
+) -> None:
+    # The lease ran on without the claim while the block held the write lock; when the
+    # block fails and the handler runs on, the claim must cover the lease before another
+    # worker can reach the key (found by review: it had lapsed 100 s before).
+    store = open_store(f"sqlite:///{database}")
+    failed = threading.Event()
+    release = threading.Event()
+    seen: list[tuple[float, float]] = []
+
+    def pay(message: Message) -> None:
+        try:
+            with message.transaction() as db:
+                db.execute("INSERT INTO payments VALUES (?)", (message.body,))
+                release.wait(30)
+                raise ValueError("the payment provider said no")
+        except ValueError:
+            record = store.get("jobs/pay 10")
+            assert record is not None
+            seen.append((record.expires_at - clock.time(), message.lease.seconds_left))
+        failed.set()
+
+    rig = Rig(memory, clock, pay, store=store, visibility_timeout=30)
+    send_all(rig.queue, [keyed("pay 10", "pay 10")])
+    rig.worker.start()
+    rig.advance_until(lambda: clock.monotonic() > 1_000_250, step=2)  # 250 s in the block
+    release.set()
+    wait_until(failed.is_set)
+    [(claim_left, lease_left)] = seen
+    assert lease_left > 0 and claim_left >= lease_left + CLAIM_MARGIN
+    assert payments(database) == []
+    rig.wait_for("deleted", 1)
+    rig.stop()
+
+
 def test_extend_keeps_the_lease_while_a_slow_store_moves_the_claim(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
