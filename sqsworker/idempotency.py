@@ -128,9 +128,19 @@ class Claim:
                 yield connection
         except BaseException:
             if keeper is not None and freed:
-                keeper.free(self, False)
+                keeper.free(self, False, self._stored(store))
             raise
         self.committed = True
+
+    def _stored(self, store: Store) -> float | None:
+        """The expiry the store holds for this claim (a failed block moved it), if ours."""
+        try:
+            record: Record | None = store.get(self.record_key)  # type: ignore[attr-defined]
+        except Exception:  # the keeper moves the claim as it would anyway
+            return None
+        if record is None or record.owner != self.owner or record.state is not State.IN_PROGRESS:
+            return None
+        return record.expires_at
 
 
 class Idempotency:
@@ -390,14 +400,17 @@ class ClaimKeeper:
         with self._wake:
             self._claims.pop(claim.owner, None)
 
-    def free(self, claim: Claim, free: bool) -> None:
+    def free(self, claim: Claim, free: bool, stored: float | None = None) -> None:
         """Let ``claim``'s lease go on without it (``free``: a transaction holds the
         store's write lock, so no other worker can take the key), or hold the lease to
-        the claim again, then moved at once if the lease went past it meanwhile."""
+        the claim again, as far as it reaches as ``stored`` (then moved at once if the
+        lease went past it meanwhile)."""
         with self._wake:
             t = self._claims.get(claim.owner)
             if t is not None:
                 t.free = free
+                if stored is not None:
+                    t.stored = max(t.stored, stored)
                 t.cover(self.margin, self.clock.time())
                 self._poke()
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -237,13 +238,15 @@ class SQLiteStore:
                 db.execute("BEGIN IMMEDIATE")  # the write lock now: no deadlock upgrading later
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+        # A name no savepoint of the block's own can have: ROLLBACK TO finds the newest.
+        savepoint = f"sqsworker_{uuid.uuid4().hex}"
         try:
-            db.execute("SAVEPOINT sqsworker_block")
+            db.execute(f"SAVEPOINT {savepoint}")
             try:
                 yield Transaction(db)
             except BaseException:
                 if keep_until is not None:
-                    self._keep(db, key, owner, keep_until)
+                    self._keep(db, savepoint, key, owner, keep_until)
                 raise
             if not db.in_transaction:
                 raise RuntimeError(
@@ -271,20 +274,28 @@ class SQLiteStore:
             raise
 
     def _keep(
-        self, db: sqlite3.Connection, key: str, owner: str, until: Callable[[], float]
+        self,
+        db: sqlite3.Connection,
+        savepoint: str,
+        key: str,
+        owner: str,
+        until: Callable[[], float],
     ) -> None:
-        """After a failed block: its writes undone, its claim moved, in the lock it holds."""
+        """After a failed block: its writes undone, its claim moved, in the lock it holds.
+        Whatever fails here, the block's own error goes on (the lease then waits for the
+        claim, which the keeper moves)."""
         try:
+            expires_at = until()
             if db.in_transaction:
-                db.execute("ROLLBACK TO sqsworker_block")
+                db.execute(f"ROLLBACK TO {savepoint}")
                 db.execute(
                     f"UPDATE {TABLE} SET expires_at = max(expires_at, ?) "
                     "WHERE key = ? AND owner = ? AND state = 'in_progress'",
-                    (until(), key, owner),
+                    (expires_at, key, owner),
                 )
                 db.execute("COMMIT")
-        except sqlite3.Error:
-            pass  # the block's own error goes on; the lease then waits for the claim
+        except Exception:  # the block's error is the one to raise
+            pass
 
     def get(self, key: str) -> Record | None:
         row = self._execute(

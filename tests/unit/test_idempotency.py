@@ -522,6 +522,39 @@ def test_a_failed_long_transaction_block_on_sqlite_moves_the_claim_before_the_lo
     rig.stop()
 
 
+def test_a_failed_sqlite_block_commits_none_of_its_writes_and_raises_its_own_error(
+    database: Path,
+) -> None:
+    store = open_store(f"sqlite:///{database}")
+    assert isinstance(store, SQLiteStore)
+    store.claim("k", "me", "d", 1030.0, 1000.0)
+    # Savepoints of the block's own, one named as the store might name its: none of the
+    # block's writes is committed with the moved claim (found by review).
+    with (
+        pytest.raises(ValueError, match="no"),
+        store.transaction("k", "me", 5000.0, keep_until=lambda: 1400.0) as db,
+    ):
+        db.execute("INSERT INTO payments VALUES ('a')")
+        db.execute("SAVEPOINT sqsworker_block")
+        db.execute("SAVEPOINT inner")
+        raise ValueError("no")
+    assert payments(database) == []
+    record = store.get("k")
+    assert record is not None and (record.state, record.expires_at) == (State.IN_PROGRESS, 1400)
+
+    def broken() -> float:
+        raise AttributeError("the lease is gone")
+
+    # A claim that cannot be moved leaves the block's own error as it was.
+    with (
+        pytest.raises(ValueError, match="the handler's"),
+        store.transaction("k", "me", 5000.0, keep_until=broken),
+    ):
+        raise ValueError("the handler's")
+    assert payments(database) == []
+    store.close()
+
+
 def test_extend_keeps_the_lease_while_a_slow_store_moves_the_claim(
     memory: MemorySQS, clock: FakeClock
 ) -> None:
