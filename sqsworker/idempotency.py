@@ -205,11 +205,7 @@ class Idempotency:
         message.idempotency_key = key  # in every log line about it from now on
         claim = Claim(self, key, f"{self._owner_prefix}/{uuid.uuid4().hex[:12]}", digest(message))
         lease = message.lease
-        renewal = getattr(lease, "next_renewal", None)
-        # What SQS may hide it for now: a renewal under way counts, whose answer may come
-        # after this claim is written.
-        hold = max(lease.seconds_left, getattr(lease, "may_hold_for", 0.0))
-        seconds = hold + HEADROOM if renewal is None else reach(hold, *renewal)
+        seconds = needed(lease)
         cover = getattr(lease, "cover", None)
         if cover is not None:  # no renewal past the claim from now on, even before it is taken
             cover(seconds)
@@ -282,6 +278,15 @@ def reach(hold: float, renew_in: float, timeout: float) -> float:
     for now (``hold``) or after the lease's next renewal (due in ``renew_in`` seconds,
     asking ``timeout``), whichever is longer, with ``HEADROOM`` to spare."""
     return max(hold, max(renew_in, 0.0) + timeout) + HEADROOM
+
+
+def needed(lease: Any) -> float:
+    """``reach`` for ``lease`` as it stands: what SQS may hide its message for now (a
+    renewal under way counts, whose answer may come after the claim is written) and
+    after its next renewal (a lease built by hand has none)."""
+    hold = max(lease.seconds_left, getattr(lease, "may_hold_for", 0.0))
+    renewal = getattr(lease, "next_renewal", None)
+    return hold + HEADROOM if renewal is None else reach(hold, *renewal)
 
 
 @dataclass(frozen=True)
@@ -422,10 +427,7 @@ class ClaimKeeper:
         wall = self.clock.time()
         if t is None:
             return wall
-        lease = t.message.lease
-        renewal = getattr(lease, "next_renewal", None)
-        hold = max(lease.seconds_left, getattr(lease, "may_hold_for", 0.0))
-        return wall + (hold + HEADROOM if renewal is None else reach(hold, *renewal)) + self.margin
+        return wall + needed(t.message.lease) + self.margin
 
     def saw_call(self, seconds: float) -> None:
         """A store call of another thread took ``seconds``: claims move that much sooner."""

@@ -103,7 +103,7 @@ class Entry:
         self.sqs_until = self.expires_at
         self.renew_at = received_at + timeout / 2
         # While it holds an idempotency claim, SQS must not hide it past this moment: the
-        # claim lasts a margin longer. A renewal that would goes once the claim moved.
+        # claim lasts a margin longer. A renewal asks no further (``claimed``).
         self.claim_until = math.inf
         self.state = State.WAITING
         self.disowned = False  # SQS said this receipt handle no longer owns the message
