@@ -283,7 +283,9 @@ def test_a_longer_lease_asked_for_waits_for_its_claim_to_cover_it(
     rig.worker.start()
     rig.wait_for("succeeded", 1)
     assert extended and extended[0] > 590
-    assert watched.renewed == 1 and watched.short == []
+    # One renewal of 600 s, after a renewal of what the claim already covered if the
+    # lease thread looked before the keeper's write (both orders happen).
+    assert 1 <= watched.renewed <= 2 and watched.short == []
     rig.wait_for("deleted", 1)
     rig.stop()
 
